@@ -1,0 +1,99 @@
+"""Key schema: the one place that formats Redis keys.
+
+Every key of one shard carries the shard number as a Redis Cluster hash tag,
+so a script that touches one shard touches one slot::
+
+    {prefix}:{<s>}:due                 ZSET   job id -> due time (epoch ms)
+    {prefix}:{<s>}:due:<bucket_ms>     ZSET   the same, one per time bucket
+                                              (only when ``delayed_bucket_ms`` > 0)
+    {prefix}:{<s>}:buckets             ZSET   bucket key -> bucket start (epoch ms)
+    {prefix}:{<s>}:next                STRING earliest due time the scheduler knows of
+    {prefix}:{<s>}:inflight            ZSET   job id -> claim deadline (publish path)
+    {prefix}:{<s>}:lease               STRING "<owner>|<fence>" of the scheduler releasing it
+    {prefix}:{<s>}:fence               STRING fencing counter, INCR on every hand-over
+    {prefix}:{<s>}:job:<id>            HASH   the job record (see ``store.py``)
+    {prefix}:{<s>}:dlq                 ZSET   dead job id -> time it died (epoch ms)
+
+and, outside any shard::
+
+    {prefix}:schedulers                ZSET   scheduler owner token -> membership deadline
+    {prefix}:wake                      PUBSUB "<shard>:<due_ms>" when a job is due earlier
+                                              than the scheduler knew
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+
+def shard_for(key: str, shards: int) -> int:
+    """Return the shard of a job: ``crc32(key) % shards``.
+
+    ``key`` is the job's ``shard_key`` when it has one, else its id. crc32 is
+    stable across processes and Python versions (unlike ``hash()``).
+    """
+    return zlib.crc32(key.encode("utf-8")) % shards
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Formats every key of one store (one ``delayed_key_prefix``)."""
+
+    prefix: str
+
+    def shard(self, shard: int) -> ShardKeys:
+        """Return the keys of shard ``shard``."""
+        return ShardKeys(f"{self.prefix}:{{{shard}}}")
+
+    @property
+    def schedulers(self) -> str:
+        """Membership of the running schedulers."""
+        return f"{self.prefix}:schedulers"
+
+    @property
+    def wake(self) -> str:
+        """Pub/sub channel that wakes sleeping schedulers."""
+        return f"{self.prefix}:wake"
+
+
+@dataclass(frozen=True)
+class ShardKeys:
+    """The keys of one shard; ``base`` is ``{prefix}:{<s>}``."""
+
+    base: str
+
+    @property
+    def due(self) -> str:
+        return f"{self.base}:due"
+
+    @property
+    def buckets(self) -> str:
+        return f"{self.base}:buckets"
+
+    @property
+    def next(self) -> str:
+        return f"{self.base}:next"
+
+    @property
+    def inflight(self) -> str:
+        return f"{self.base}:inflight"
+
+    @property
+    def lease(self) -> str:
+        return f"{self.base}:lease"
+
+    @property
+    def fence(self) -> str:
+        return f"{self.base}:fence"
+
+    @property
+    def dlq(self) -> str:
+        return f"{self.base}:dlq"
+
+    @property
+    def job_prefix(self) -> str:
+        return f"{self.base}:job:"
+
+    def job(self, job_id: str) -> str:
+        return f"{self.base}:job:{job_id}"

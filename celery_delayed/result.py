@@ -1,0 +1,69 @@
+"""The handle ``apply_later`` returns: a Celery ``AsyncResult`` that knows its job."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from celery.result import AsyncResult
+
+from .errors import InvalidState, JobNotFound
+from .timeutil import due_spec, from_ms
+
+if TYPE_CHECKING:
+    from .store import Store
+
+
+class DelayedResult(AsyncResult):  # type: ignore[misc]
+    """An ``AsyncResult`` for a delayed job.
+
+    ``id`` is the Celery task id (also the job id); ``eta`` the due time (an
+    aware UTC datetime, by the Redis server's clock); ``created`` is False
+    when the job existed already (same ``idempotency_key``).
+    """
+
+    def __init__(
+        self, id: str, *, store: Store, shard: int, due_ms: int, created: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(id, app=store.app, **kwargs)
+        self.store = store
+        self.shard = shard
+        self.due_ms = due_ms
+        self.created = created
+
+    @property
+    def eta(self) -> datetime:
+        """When the job is due (aware, UTC)."""
+        return from_ms(self.due_ms)
+
+    def cancel(self) -> bool:
+        """Cancel the job; return whether it was cancelled by this call.
+
+        A scheduled job is removed from the schedule; a queued one (released,
+        not started) is skipped by the worker. False when it runs, finished,
+        was cancelled already or its record expired.
+        """
+        try:
+            self.store.cancel(self.id, self.shard)
+        except (InvalidState, JobNotFound):
+            return False
+        return True
+
+    def reschedule(self, when: object) -> datetime:
+        """Move the still-scheduled job to ``when``; return the new due time.
+
+        Raises:
+            InvalidState: it was released, cancelled or finished already.
+        """
+        self.due_ms = self.store.reschedule(self.id, due_spec(when, self.store.app.timezone), self.shard)
+        return self.eta
+
+    def job(self) -> dict[str, str]:
+        """Return the job's record: state (``st``), due time, task, queue, timestamps."""
+        return self.store.get(self.id, self.shard)
+
+    @property
+    def job_state(self) -> str:
+        """The job's state in the store (SCHEDULED, QUEUED, CANCELLED, ...)."""
+        return self.job().get("st", "")

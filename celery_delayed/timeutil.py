@@ -1,0 +1,69 @@
+"""Turn ``when`` into a due time. Pure: no Redis, no clock but the one passed in."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timedelta, timezone, tzinfo
+
+from .errors import InvalidWhen
+
+When = datetime | timedelta | int | float
+
+
+def due_spec(when: object, tz: tzinfo) -> str:
+    """Return the due time as the schedule script takes it.
+
+    ``"<ms>"`` is an absolute epoch time in milliseconds (from a datetime);
+    ``"+<ms>"`` is a delay that the script adds to the Redis server's clock
+    (from a timedelta or a number of seconds), so an app server's skewed clock
+    cannot move a job.
+
+    Args:
+        when: an aware datetime; a naive datetime, read in ``tz`` as Celery
+            reads a naive ``eta``; a non-negative timedelta; or a non-negative
+            number of seconds. A time in the past means "as soon as possible".
+        tz: the app's timezone (``app.timezone``).
+
+    Raises:
+        InvalidWhen: for any other type, NaN, infinity or a negative delay.
+    """
+    if isinstance(when, datetime):
+        aware = when if when.tzinfo is not None and when.utcoffset() is not None else _localize(when, tz)
+        return str(math.floor(aware.timestamp() * 1000))
+    if isinstance(when, timedelta):
+        return _delay(when.total_seconds(), repr(when))
+    if isinstance(when, bool) or not isinstance(when, (int, float)):
+        raise InvalidWhen(
+            f"when must be a datetime, a timedelta or a number of seconds, "
+            f"got {type(when).__name__} {when!r}"
+        )
+    return _delay(float(when), repr(when))
+
+
+def _delay(seconds: float, shown: str) -> str:
+    if math.isnan(seconds) or math.isinf(seconds):
+        raise InvalidWhen(f"when must be a finite delay, got {shown}")
+    if seconds < 0:
+        raise InvalidWhen(
+            f"when is a negative delay ({shown}); pass 0 to run as soon as possible, "
+            "or a datetime for a fixed time"
+        )
+    return f"+{math.ceil(seconds * 1000)}"
+
+
+def _localize(naive: datetime, tz: tzinfo) -> datetime:
+    localize = getattr(tz, "localize", None)  # pytz-style zones
+    if callable(localize):
+        out: datetime = localize(naive)
+        return out
+    return naive.replace(tzinfo=tz)
+
+
+def from_ms(ms: int) -> datetime:
+    """Return the aware UTC datetime of an epoch time in milliseconds."""
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+
+
+def to_ms(dt: datetime) -> int:
+    """Return the epoch milliseconds of an aware datetime."""
+    return math.floor(dt.timestamp() * 1000)

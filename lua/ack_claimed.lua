@@ -1,0 +1,30 @@
+--[[ ack_claimed: confirm that claimed jobs were published (publish path).
+
+KEYS[1]  in-flight set     {p}:{s}:inflight
+ARGV[1]  job key prefix    {p}:{s}:job:
+ARGV[2]  now, epoch ms ('' = the Redis server's TIME)
+ARGV[3]  ttl of a released job's record, ms
+ARGV[4..] job ids
+
+Returns the number of jobs acknowledged. A job no longer in flight (its claim
+expired and another scheduler took it) is not counted. A job cancelled while
+in flight keeps its CANCELLED state.
+]]
+-- @include "common"
+
+local prefix, ttl = ARGV[1], tonumber(ARGV[3])
+local now = now_ms(ARGV[2])
+local n = 0
+for i = 4, #ARGV do
+  local id = ARGV[i]
+  if redis.call('ZREM', KEYS[1], id) == 1 then
+    local jk = prefix .. id
+    if redis.call('HGET', jk, 'st') == 'CLAIMED' then
+      redis.call('HSET', jk, 'st', 'QUEUED', 'released', now)
+    end
+    redis.call('HDEL', jk, 'msg')
+    redis.call('PEXPIRE', jk, ttl)
+    n = n + 1
+  end
+end
+return n

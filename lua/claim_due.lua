@@ -1,0 +1,75 @@
+--[[ claim_due: lease due jobs of one shard to a scheduler that publishes them
+(publish path: RabbitMQ, a separate Redis, any non-direct broker).
+
+Due jobs move from the due index to the in-flight set, scored by the claim's
+deadline; the caller publishes them and then calls ack_claimed. Claims whose
+deadline passed (the scheduler died between claim and ack) are claimed again
+first: at-least-once, never lost.
+
+KEYS[1]  due set base      {p}:{s}:due
+KEYS[2]  bucket index      {p}:{s}:buckets
+KEYS[3]  next due key      {p}:{s}:next
+KEYS[4]  lease key         {p}:{s}:lease
+KEYS[5]  in-flight set     {p}:{s}:inflight
+ARGV[1]  job key prefix    {p}:{s}:job:
+ARGV[2]  now, epoch ms ('' = the Redis server's TIME)
+ARGV[3]  most jobs to claim in this call
+ARGV[4]  bucket width, ms (0 = one due set)
+ARGV[5]  lease owner token ('' = no lease check)
+ARGV[6]  lease fence
+ARGV[7]  claim lease, ms (how long the caller has to publish and ack)
+
+Returns {code, claimed, skipped, next_due, now, then per claimed job:
+id, msg, exchange, routing_key, queue, ev}; code 1 = done, -1 = the shard
+lease is not held (nothing done); next_due as in release_due.
+]]
+-- @include "common"
+
+local prefix, limit, bucket_ms = ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4])
+if not lease_ok(KEYS[4], ARGV[5], ARGV[6]) then return {-1, 0, 0, -1, 0} end
+local now = now_ms(ARGV[2])
+local deadline = now + tonumber(ARGV[7])
+local out = {1, 0, 0, -1, now}
+local claimed, skipped = 0, 0
+
+local function emit(id, jk)
+  local r = redis.call('HMGET', jk, 'msg', 'ex', 'rk', 'q', 'ev')
+  redis.call('ZADD', KEYS[5], deadline, id)
+  redis.call('HINCRBY', jk, 'claims', 1)
+  out[#out + 1] = id
+  out[#out + 1] = r[1]
+  out[#out + 1] = r[2] or ''
+  out[#out + 1] = r[3] or ''
+  out[#out + 1] = r[4] or ''
+  out[#out + 1] = r[5] or ''
+  claimed = claimed + 1
+end
+
+-- Expired claims first: their scheduler died before it acknowledged them.
+local stale = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now, 'LIMIT', 0, limit)
+for _, id in ipairs(stale) do
+  local jk = prefix .. id
+  local st = redis.call('HGET', jk, 'st')
+  if st == 'CLAIMED' and redis.call('HEXISTS', jk, 'msg') == 1 then
+    emit(id, jk)
+  else
+    redis.call('ZREM', KEYS[5], id)
+  end
+end
+
+local ids = take_due(KEYS[1], KEYS[2], bucket_ms, now, limit - claimed)
+for _, id in ipairs(ids) do
+  local jk = prefix .. id
+  if redis.call('HGET', jk, 'st') == 'SCHEDULED' and redis.call('HEXISTS', jk, 'msg') == 1 then
+    redis.call('HSET', jk, 'st', 'CLAIMED')
+    emit(id, jk)
+  else
+    skipped = skipped + 1
+  end
+end
+local e = earliest(KEYS[1], KEYS[2], bucket_ms)
+local s = redis.call('ZRANGE', KEYS[5], 0, 0, 'WITHSCORES')
+if #s > 0 and ((not e) or tonumber(s[2]) < e) then e = tonumber(s[2]) end
+set_next(KEYS[3], e)
+out[2], out[3], out[4] = claimed, skipped, e or -1
+return out

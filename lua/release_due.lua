@@ -1,0 +1,80 @@
+--[[ release_due: move due jobs of one shard onto their Celery queues (direct path).
+
+Used when the broker is Redis on the same server and database as the store.
+Each due job leaves the due index and its ready-built kombu message is pushed
+onto the queue's list exactly as kombu's Redis transport's _put would do it,
+in this one script: a job is enqueued at most once, however many schedulers run.
+
+KEYS[1]  due set base      {p}:{s}:due
+KEYS[2]  bucket index      {p}:{s}:buckets
+KEYS[3]  next due key      {p}:{s}:next
+KEYS[4]  lease key         {p}:{s}:lease
+ARGV[1]  job key prefix    {p}:{s}:job:
+ARGV[2]  now, epoch ms ('' = the Redis server's TIME)
+ARGV[3]  most jobs to release in this call
+ARGV[4]  bucket width, ms (0 = one due set)
+ARGV[5]  lease owner token ('' = no lease check)
+ARGV[6]  lease fence
+ARGV[7]  ttl of a released job's record, ms
+ARGV[8]  kombu global_keyprefix ('' for none)
+
+A record's routing fields: lk = the list key to LPUSH (anonymous exchange:
+global_keyprefix + queue + priority suffix); or bx = the exchange's binding
+set, rk = routing key, ps = priority suffix (named direct exchange: pushed
+to every bound queue whose routing key matches, as kombu's DirectExchange;
+none bound: kombu's dead-letter queue 'ae.undeliver').
+
+Returns {code, released, skipped, next_due, now, id1, ev1, id2, ev2, ...}:
+code 1 = done, -1 = the lease is not held (nothing done); next_due = the
+earliest due time left in the shard, -1 when none; evN = the job's stored
+task-sent event fields ('' when the app sends no such events). Skipped jobs
+were cancelled (or otherwise no longer SCHEDULED) and are only unindexed.
+]]
+-- @include "common"
+
+local prefix, limit, bucket_ms = ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4])
+if not lease_ok(KEYS[4], ARGV[5], ARGV[6]) then return {-1, 0, 0, -1, 0} end
+local now = now_ms(ARGV[2])
+local ttl, gkp = tonumber(ARGV[7]), ARGV[8]
+local SEP = '\6\22'
+
+local function push_bound(bx, rk, ps, msg)
+  local pushed = 0
+  for _, m in ipairs(redis.call('SMEMBERS', bx)) do
+    local a = string.find(m, SEP, 1, true)
+    if a and string.sub(m, 1, a - 1) == rk then
+      local b = string.find(m, SEP, a + 2, true)
+      local queue = string.sub(m, b + 2)
+      redis.call('LPUSH', gkp .. queue .. ps, msg)
+      pushed = pushed + 1
+    end
+  end
+  if pushed == 0 then redis.call('LPUSH', gkp .. 'ae.undeliver' .. ps, msg) end
+end
+
+local ids = take_due(KEYS[1], KEYS[2], bucket_ms, now, limit)
+local out = {1, 0, 0, -1, now}
+local released, skipped = 0, 0
+for _, id in ipairs(ids) do
+  local jk = prefix .. id
+  local r = redis.call('HMGET', jk, 'st', 'msg', 'lk', 'bx', 'rk', 'ps', 'ev')
+  if r[1] == 'SCHEDULED' and r[2] then
+    if r[3] then
+      redis.call('LPUSH', r[3], r[2])
+    else
+      push_bound(r[4], r[5] or '', r[6] or '', r[2])
+    end
+    redis.call('HSET', jk, 'st', 'QUEUED', 'released', now)
+    redis.call('HDEL', jk, 'msg')
+    redis.call('PEXPIRE', jk, ttl)
+    released = released + 1
+    out[#out + 1] = id
+    out[#out + 1] = r[7] or ''
+  else
+    skipped = skipped + 1
+  end
+end
+local e = earliest(KEYS[1], KEYS[2], bucket_ms)
+set_next(KEYS[3], e)
+out[2], out[3], out[4] = released, skipped, e or -1
+return out
