@@ -109,7 +109,7 @@ def schedule_prepared(app: Celery, prepared: Sequence[_Prepared]) -> list[Delaye
     """Store prepared jobs (one round trip) and return their handles."""
     store = get_store(app)
     out = []
-    for p, res in zip(prepared, store.schedule([p.job for p in prepared])):
+    for p, res in zip(prepared, store.schedule([p.job for p in prepared]), strict=True):
         if not res.created and not p.idempotent:
             raise DuplicateJob(res.id, res.state)
         out.append(DelayedResult(res.id, store=store, shard=res.shard, due_ms=res.due_ms, created=res.created))

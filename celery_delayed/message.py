@@ -241,8 +241,9 @@ def _route(app: Celery, routed: Mapping[str, Any]) -> Route:
     if (not exchange or not routing_key) and exchange_type == "direct":
         exchange, routing_key = "", qname
     elif exchange is None:
-        exchange = queue.exchange.name or amqp.default_exchange
-        routing_key = routing_key or queue.routing_key or app.conf.task_default_routing_key
+        qx: Any = queue
+        exchange = qx.exchange.name or amqp.default_exchange
+        routing_key = routing_key or qx.routing_key or app.conf.task_default_routing_key
     exname = getattr(exchange, "name", exchange) or ""
     priority = routed.get("priority")
     try:

@@ -39,7 +39,7 @@ from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .config import DelayedConfig, get_config
-from .errors import DuplicateJob, InvalidState, JobNotFound, LeaseLost, StoreUnavailable
+from .errors import InvalidState, JobNotFound, LeaseLost, StoreUnavailable
 from .keys import Keys, shard_for
 from .scripts import Script, scripts
 
@@ -182,8 +182,8 @@ class Store:
             calls.append((shard, [sk.due, sk.buckets, sk.next], args))
         replies = self._run_many(self.scripts.schedule, [(k, a) for _, k, a in calls])
         out: list[Scheduled | None] = [None] * len(jobs)
-        for (shard, _, _), reply in zip(calls, replies):
-            for i, entry in zip(by_shard[shard], reply):
+        for (shard, _, _), reply in zip(calls, replies, strict=True):
+            for i, entry in zip(by_shard[shard], reply, strict=True):
                 if entry.startswith("="):
                     out[i] = Scheduled(jobs[i].id, shard, int(entry[1:]), True, "SCHEDULED")
                 else:
@@ -203,7 +203,7 @@ class Store:
                     script.queue(pipe, *calls[i])
                 replies = pipe.execute(raise_on_error=False)
                 retry = []
-                for i, reply in zip(todo, replies):
+                for i, reply in zip(todo, replies, strict=True):
                     if isinstance(reply, NoScriptError):
                         retry.append(i)
                     elif isinstance(reply, Exception):
@@ -244,7 +244,7 @@ class Store:
         """Return the job's record (without its message) or raise :class:`JobNotFound`."""
         try:
             s = self.locate(job_id, shard)
-            rec: dict[str, str] = self.client.hgetall(self.keys.shard(s).job(job_id))
+            rec = {str(k): str(v) for k, v in self.client.hgetall(self.keys.shard(s).job(job_id)).items()}
         except (RedisConnectionError, RedisTimeoutError) as exc:
             raise _errors_as_unavailable(exc, self.config.redis_url) from exc
         if not rec:
@@ -418,14 +418,15 @@ class Store:
             for k in self._due_keys(s):
                 start = 0
                 while True:
-                    ids = self.client.zrange(k, start, start + 499, withscores=True)
+                    ids: list[Any] = list(self.client.zrange(k, start, start + 499, withscores=True))
                     if not ids:
                         break
                     start += len(ids)
                     pipe = self.client.pipeline(transaction=False)
                     for jid, _ in ids:
                         pipe.hmget(sk.job(jid), "task", "q", "st")
-                    for (jid, score), (tname, q, st) in zip(ids, pipe.execute()):
+                    rows: list[Any] = pipe.execute()
+                    for (jid, score), (tname, q, st) in zip(ids, rows, strict=True):
                         if task and tname != task:
                             continue
                         if skipped < offset:

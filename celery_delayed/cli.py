@@ -1,0 +1,135 @@
+"""``celery -A proj delayed ...``: run the scheduler and inspect the store.
+
+Commands: ``run`` (the scheduler), ``status`` (per shard: pending, next due,
+oldest overdue), ``list`` (pending jobs, paged), ``show ID``, ``cancel ID``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+from types import FrameType
+from typing import Any
+
+import click
+from celery import Celery
+
+from .bootstep import add_worker_option
+from .errors import DelayedError
+from .store import get_store
+from .timeutil import from_ms
+
+add_worker_option()
+
+
+def _app(ctx: click.Context) -> Celery:
+    app: Celery = ctx.obj.app
+    return app
+
+
+def _fmt_ms(ms: Any) -> str:
+    if ms in (None, "", -1):
+        return "-"
+    return from_ms(int(float(ms))).isoformat(timespec="milliseconds")
+
+
+@click.group(name="delayed")
+@click.pass_context
+def delayed(ctx: click.Context) -> None:
+    """celery-delayed: run the scheduler, inspect and cancel delayed jobs."""
+
+
+@delayed.command()
+@click.option("--loglevel", "-l", default="INFO", show_default=True, help="Logging level.")
+@click.pass_context
+def run(ctx: click.Context, loglevel: str) -> None:
+    """Run the scheduler until SIGTERM or SIGINT."""
+    from .scheduler import Scheduler
+
+    logging.basicConfig(
+        level=loglevel.upper(), format="[%(asctime)s: %(levelname)s/%(processName)s] %(message)s"
+    )
+    app = _app(ctx)
+    app.loader.import_default_modules()
+    sched = Scheduler(app)
+
+    def _stop(signum: int, frame: FrameType | None) -> None:
+        sched.stop()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    sched.run()
+
+
+@delayed.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def status(ctx: click.Context, as_json: bool) -> None:
+    """Per shard: pending jobs, next due time, oldest overdue; and totals."""
+    store = get_store(_app(ctx))
+    rows = store.shard_status()
+    members = [str(m) for m in store.client.zrange(store.keys.schedulers, 0, -1)]
+    if as_json:
+        click.echo(json.dumps({"shards": rows, "schedulers": members}))
+        return
+    click.echo(f"{'shard':>5} {'pending':>9} {'overdue':>8} {'inflight':>8}  next due / oldest overdue")
+    for r in rows:
+        late = f"  (oldest overdue {r['oldest_overdue_ms'] / 1000:.3f}s)" if r["oldest_overdue_ms"] else ""
+        click.echo(f"{r['shard']:>5} {r['pending']:>9} {r['overdue']:>8} {r['inflight']:>8}  "
+                   f"{_fmt_ms(r['next_due_ms'])}{late}")
+    total = sum(r["pending"] for r in rows)
+    overdue = sum(r["overdue"] for r in rows)
+    firsts = [r["next_due_ms"] for r in rows if r["next_due_ms"] is not None]
+    click.echo(f"total: {total} pending, {overdue} overdue, next due {_fmt_ms(min(firsts) if firsts else None)}, "
+               f"{len(members)} scheduler(s) {' '.join(members)}")
+
+
+@delayed.command(name="list")
+@click.option("--task", default=None, help="Only jobs of this task name.")
+@click.option("--offset", default=0, show_default=True, type=click.IntRange(0))
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 10_000))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON lines.")
+@click.pass_context
+def list_(ctx: click.Context, task: str | None, offset: int, limit: int, as_json: bool) -> None:
+    """List pending (scheduled) jobs, earliest first within each shard."""
+    rows = get_store(_app(ctx)).pending(task=task, offset=offset, limit=limit)
+    for r in rows:
+        if as_json:
+            click.echo(json.dumps(r))
+        else:
+            click.echo(f"{r['id']}  {_fmt_ms(r['due'])}  {r['task']}  queue={r['queue']}  shard={r['shard']}")
+    if not as_json:
+        click.echo(f"({len(rows)} shown, offset {offset})", err=True)
+
+
+@delayed.command()
+@click.argument("job_id")
+@click.pass_context
+def show(ctx: click.Context, job_id: str) -> None:
+    """Show one job's record."""
+    try:
+        rec = get_store(_app(ctx)).get(job_id)
+    except DelayedError as exc:
+        raise click.ClickException(str(exc)) from exc
+    for key in ("due", "created", "released", "cancelled"):
+        if key in rec:
+            rec[key] = f"{rec[key]} ({_fmt_ms(rec[key])})"
+    click.echo(json.dumps(rec, indent=2, sort_keys=True))
+
+
+@delayed.command()
+@click.argument("job_id")
+@click.pass_context
+def cancel(ctx: click.Context, job_id: str) -> None:
+    """Cancel a scheduled or queued job."""
+    try:
+        prev = get_store(_app(ctx)).cancel(job_id)
+    except DelayedError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"cancelled {job_id} (was {prev})")
+
+
+def main() -> None:  # pragma: no cover - convenience for `python -m celery_delayed.cli`
+    sys.exit(delayed())

@@ -1,0 +1,56 @@
+"""The Celery app that end-to-end tests run in real worker subprocesses.
+
+Configured by environment variables so one module serves every test:
+E2E_BROKER (broker URL), E2E_REDIS (store URL, default the broker),
+E2E_PREFIX (delayed_key_prefix and record keys), E2E_QUEUE (default queue),
+E2E_CONF (JSON of extra settings). Task bodies record each run in Redis:
+RPUSH <prefix>:ran "<task id>|<pid>|<retries>".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import redis
+from celery import Celery
+
+from celery_delayed import DelayedTask
+
+BROKER = os.environ.get("E2E_BROKER", "redis://127.0.0.1:6379/0")
+STORE = os.environ.get("E2E_REDIS", BROKER)
+PREFIX = os.environ.get("E2E_PREFIX", "e2e")
+QUEUE = os.environ.get("E2E_QUEUE", "celery")
+
+app = Celery("e2e_app", broker=BROKER)
+app.conf.update(
+    delayed_redis_url=STORE,
+    delayed_key_prefix=PREFIX,
+    task_default_queue=QUEUE,
+    broker_connection_retry_on_startup=True,
+    worker_hijack_root_logger=False,
+    **json.loads(os.environ.get("E2E_CONF", "{}")),
+)
+
+_client: redis.Redis | None = None
+
+
+def record(task_id: str, retries: int = 0) -> None:
+    global _client
+    if _client is None:
+        _client = redis.Redis.from_url(STORE, decode_responses=True)
+    _client.rpush(f"{PREFIX}:ran", f"{task_id}|{os.getpid()}|{retries}|{time.time():.6f}")
+
+
+@app.task(base=DelayedTask, bind=True, name="e2e.mark")
+def mark(self: DelayedTask, *args: object, **kwargs: object) -> str:
+    record(self.request.id, self.request.retries or 0)
+    return str(self.request.id)
+
+
+@app.task(base=DelayedTask, bind=True, name="e2e.sleep")
+def sleep(self: DelayedTask, seconds: float) -> str:
+    time.sleep(seconds)
+    record(self.request.id, self.request.retries or 0)
+    return str(self.request.id)

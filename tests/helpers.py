@@ -1,0 +1,116 @@
+"""Real worker and scheduler subprocesses for end-to-end tests, and polling helpers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import redis
+
+TESTS = Path(__file__).parent
+
+
+def wait_for(pred: Callable[[], Any], timeout: float, interval: float = 0.05, what: str = "condition") -> Any:
+    """Poll ``pred`` until it returns a truthy value or ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def _env(broker: str, prefix: str, queue: str, store: str | None, conf: dict[str, Any] | None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        E2E_BROKER=broker, E2E_PREFIX=prefix, E2E_QUEUE=queue, E2E_CONF=json.dumps(conf or {}),
+        PYTHONPATH=os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")]),
+    )
+    if store:
+        env["E2E_REDIS"] = store
+    return env
+
+
+class _Proc:
+    def __init__(self, args: list[str], env: dict[str, str]) -> None:
+        self.log = tempfile.NamedTemporaryFile(prefix="celery-delayed-", suffix=".log", delete=False)
+        self.proc = subprocess.Popen(
+            args, env=env, cwd=str(TESTS), stdout=self.log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def output(self) -> str:
+        return Path(self.log.name).read_text(errors="replace")
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self, timeout: float = 15) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        # Reap any child left in the process group (prefork children).
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+class WorkerProcess(_Proc):
+    """``celery -A e2e_app worker`` in its own process group."""
+
+    def __init__(
+        self, broker: str, prefix: str, queue: str, *, store: str | None = None,
+        conf: dict[str, Any] | None = None, concurrency: int = 2, pool: str = "prefork",
+        queues: list[str] | None = None, extra: list[str] | None = None,
+    ) -> None:
+        self.name = f"w{os.getpid()}-{time.monotonic_ns()}@localhost"
+        args = [
+            sys.executable, "-m", "celery", "-A", "e2e_app", "worker", "-l", "INFO",
+            "-c", str(concurrency), "-P", pool, "-n", self.name, "--without-gossip",
+            "--without-mingle", "--without-heartbeat", "-Q", ",".join(queues or [queue]),
+            *(extra or []),
+        ]
+        super().__init__(args, _env(broker, prefix, queue, store, conf))
+
+    def wait_ready(self, timeout: float = 30) -> None:
+        wait_for(lambda: "ready." in self.output() or self.proc.poll() is not None, timeout,
+                 what=f"worker {self.name} to start")
+        if self.proc.poll() is not None:
+            raise AssertionError(f"worker exited: {self.output()[-3000:]}")
+
+
+class SchedulerProcess(_Proc):
+    """``celery -A e2e_app delayed run``."""
+
+    def __init__(self, broker: str, prefix: str, queue: str, *, store: str | None = None,
+                 conf: dict[str, Any] | None = None) -> None:
+        args = [sys.executable, "-m", "celery", "-A", "e2e_app", "delayed", "run", "-l", "INFO"]
+        super().__init__(args, _env(broker, prefix, queue, store, conf))
+
+
+def ran(client: redis.Redis, prefix: str) -> list[str]:
+    """Task ids recorded by the e2e tasks, one entry per run."""
+    return [str(x).split("|")[0] for x in client.lrange(f"{prefix}:ran", 0, -1)]
