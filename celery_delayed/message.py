@@ -24,8 +24,8 @@ from celery.exceptions import QueueNotFound
 from celery.utils.functional import maybe_list
 from kombu.compression import compress
 from kombu.entity import maybe_delivery_mode
-from kombu.exceptions import ContentDisallowed, EncodeError
-from kombu.serialization import dumps
+from kombu.exceptions import ContentDisallowed, EncodeError, SerializerNotInstalled
+from kombu.serialization import dumps, prepare_accept_content, registry
 from kombu.utils.json import dumps as json_dumps
 
 from .errors import InvalidOption, PayloadTooLarge, SerializationError
@@ -180,11 +180,24 @@ def build_message(
     compression = routed.get("compression") or conf.task_compression
     try:
         content_type, content_encoding, data = dumps(body, serializer=serializer)
+    except SerializerNotInstalled as exc:
+        raise SerializationError(
+            f"unknown serializer {serializer!r} for {name}: {exc}; use one of {sorted(registry._encoders)}"
+        ) from exc
     except (EncodeError, ContentDisallowed, TypeError, ValueError) as exc:
         raise SerializationError(
             f"the arguments of {name} cannot be serialized with {serializer!r}: {exc}; "
             "pass JSON-compatible values or choose another task serializer"
         ) from exc
+    # Workers refuse content types outside accept_content, so such a job could
+    # never run: refuse it now (pickle only where the app enables it).
+    accepted = prepare_accept_content(conf.accept_content)
+    if accepted and content_type not in accepted:
+        raise SerializationError(
+            f"serializer {serializer!r} ({content_type}) of {name} is not in accept_content "
+            f"{sorted(accepted)}; workers would refuse the message. Use an accepted serializer, "
+            "or add it to accept_content if every worker may trust it"
+        )
     if compression:
         data, headers["compression"] = compress(data, compression)
     properties["delivery_mode"] = maybe_delivery_mode(

@@ -9,6 +9,12 @@ from .errors import InvalidWhen
 
 When = datetime | timedelta | int | float
 
+#: Largest |epoch ms| a due time may have: Lua formats numbers with "%.14g", so
+#: a 15-digit time would come back from the scripts in exponent notation.
+MAX_DUE_MS = 10**14 - 1  # about the year 5138
+#: Longest delay (about 316 years), so that now + delay stays under MAX_DUE_MS.
+MAX_DELAY_MS = 10**13
+
 
 def due_spec(when: object, tz: tzinfo) -> str:
     """Return the due time as the schedule script takes it.
@@ -25,11 +31,18 @@ def due_spec(when: object, tz: tzinfo) -> str:
         tz: the app's timezone (``app.timezone``).
 
     Raises:
-        InvalidWhen: for any other type, NaN, infinity or a negative delay.
+        InvalidWhen: for any other type, NaN, infinity, a negative delay, a
+            delay over :data:`MAX_DELAY_MS` or a datetime beyond :data:`MAX_DUE_MS`.
     """
     if isinstance(when, datetime):
         aware = when if when.tzinfo is not None and when.utcoffset() is not None else _localize(when, tz)
-        return str(math.floor(aware.timestamp() * 1000))
+        try:
+            ms = math.floor(aware.timestamp() * 1000)
+        except (OverflowError, ValueError, OSError) as exc:
+            raise InvalidWhen(f"when {when!r} cannot be converted to an epoch time: {exc}") from exc
+        if abs(ms) > MAX_DUE_MS:
+            raise InvalidWhen(f"when {when!r} is too far away; the latest supported due time is the year 5138")
+        return str(ms)
     if isinstance(when, timedelta):
         return _delay(when.total_seconds(), repr(when))
     if isinstance(when, bool) or not isinstance(when, (int, float)):
@@ -37,7 +50,11 @@ def due_spec(when: object, tz: tzinfo) -> str:
             f"when must be a datetime, a timedelta or a number of seconds, "
             f"got {type(when).__name__} {when!r}"
         )
-    return _delay(float(when), repr(when))
+    try:
+        seconds = float(when)
+    except OverflowError:  # an int too large for a float
+        seconds = math.inf
+    return _delay(seconds, repr(when))
 
 
 def _delay(seconds: float, shown: str) -> str:
@@ -47,6 +64,10 @@ def _delay(seconds: float, shown: str) -> str:
         raise InvalidWhen(
             f"when is a negative delay ({shown}); pass 0 to run as soon as possible, "
             "or a datetime for a fixed time"
+        )
+    if seconds * 1000 > MAX_DELAY_MS:
+        raise InvalidWhen(
+            f"when is a delay of {shown}, over the limit of {MAX_DELAY_MS // 1000} seconds (about 316 years)"
         )
     return f"+{math.ceil(seconds * 1000)}"
 
