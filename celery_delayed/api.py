@@ -72,7 +72,10 @@ def prepare(
             raise InvalidOption(f"shard_key must be a string or an int, got {type(shard_key).__name__}")
         shard_key = _check_str("shard_key", str(shard_key), 1024)
     shard = store.shard_of(task_id, shard_key)
-    headers = dict(options.pop("headers", None) or {})
+    headers = options.pop("headers", None) or {}
+    if not isinstance(headers, Mapping):
+        raise InvalidOption(f"headers must be a mapping, got {type(headers).__name__}")
+    headers = dict(headers)
     headers["delayed_shard"] = shard
     built = build_message(
         app, name, args or (), kwargs or {}, task_id, options | {"headers": headers}, task_type,
