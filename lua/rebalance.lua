@@ -19,7 +19,8 @@ Returns {shard, fence, shard, fence, ...} of the shards the caller now holds
 -- @include "common"
 
 local now = now_ms(ARGV[2])
-local live = redis.call('ZRANGEBYSCORE', KEYS[1], now, '+inf')
+-- Exclusive, as heartbeat.lua: a member whose deadline is now is dead.
+local live = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')
 table.sort(live)
 local m = #live
 local n = (#KEYS - 1) / 2

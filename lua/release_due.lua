@@ -22,7 +22,8 @@ A record's routing fields: lk = the list key to LPUSH (anonymous exchange:
 global_keyprefix + queue + priority suffix); or bx = the exchange's binding
 set, rk = routing key, ps = priority suffix (named direct exchange: pushed
 to every bound queue whose routing key matches, as kombu's DirectExchange;
-none bound: kombu's dead-letter queue 'ae.undeliver').
+none bound: kombu's dead-letter queue 'ae.undeliver'). A record with neither
+(stored for the publish path) is pushed to global_keyprefix + q.
 
 Returns {code, released, skipped, next_due, now, id1, ev1, id2, ev2, ...}:
 code 1 = done, -1 = the lease is not held (nothing done); next_due = the
@@ -57,12 +58,16 @@ local out = {1, 0, 0, -1, now}
 local released, skipped = 0, 0
 for _, id in ipairs(ids) do
   local jk = prefix .. id
-  local r = redis.call('HMGET', jk, 'st', 'msg', 'lk', 'bx', 'rk', 'ps', 'ev')
-  if r[1] == 'SCHEDULED' and r[2] then
+  local r = redis.call('HMGET', jk, 'st', 'msg', 'lk', 'bx', 'rk', 'ps', 'ev', 'q')
+  -- A record stored without lk/bx (scheduled by an app on the publish path)
+  -- goes to its queue's list: a script error here would lose the whole batch.
+  if r[1] == 'SCHEDULED' and r[2] and (r[3] or r[4] or r[8]) then
     if r[3] then
       redis.call('LPUSH', r[3], r[2])
-    else
+    elseif r[4] then
       push_bound(r[4], r[5] or '', r[6] or '', r[2])
+    else
+      redis.call('LPUSH', gkp .. r[8], r[2])
     end
     redis.call('HSET', jk, 'st', 'QUEUED', 'released', now)
     redis.call('HDEL', jk, 'msg')
