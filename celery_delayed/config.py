@@ -20,6 +20,28 @@ delayed_claim_lease_ms     int     60000        publish path: time to publish a 
 delayed_record_ttl_s       int     604800       how long a released / cancelled job's
                                                 record stays readable
 delayed_max_payload_bytes  int     1048576      largest message apply_later accepts
+delayed_max_attempts       int     4            attempts of a job (first run + retries)
+                                                before it is dead-lettered
+delayed_backoff            str     exponential  retry backoff policy: exponential (full
+                                                jitter), equal, decorrelated, fixed
+delayed_backoff_base_s     float   1.0          first retry delay before jitter, seconds
+delayed_backoff_factor     float   2.0          growth of the delay per retry (>= 1)
+delayed_backoff_cap_s      float   600.0        longest retry delay, seconds
+delayed_backoff_seed       int     None         seed the jitter (per job and retry), for
+                                                reproducible delays; None = random
+delayed_dlq_max_age_s      int     2592000      dead letters older than this are trimmed
+delayed_dlq_max_len        int     10000        most dead letters kept (over all shards;
+                                                each shard keeps ceil(max_len / shards))
+delayed_dlq_queue          str     None         also send each dead letter, as task
+                                                delayed_dlq_task, to this Celery queue
+delayed_dlq_task           str     "celery_delayed.dead_letter"
+                                                task name of those messages
+delayed_dlq_all_failures   bool    False        dead-letter every final failure, not only
+                                                jobs that ran out of retries
+delayed_intercept_eta      bool    False        route apply_async(eta=/countdown=) and
+                                                Task.retry(countdown=) of every task
+                                                through the store
+delayed_intercept_min_delay_s float 1.0         shorter delays stay broker ETA messages
 ========================== ======= ============ ==========================================
 """
 
@@ -51,6 +73,28 @@ def _int(conf: Any, name: str, default: int, lo: int, hi: int) -> int:
     return value
 
 
+def _float(conf: Any, name: str, default: float, lo: float, hi: float) -> float:
+    value = conf.get(name, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not finite(float(value)):
+        raise ConfigurationError(
+            f"{name} must be a number between {lo} and {hi}, got {type(value).__name__} {value!r}"
+        )
+    if not lo <= value <= hi:
+        raise ConfigurationError(f"{name} must be between {lo} and {hi}, got {value}")
+    return float(value)
+
+
+def _bool(conf: Any, name: str, default: bool) -> bool:
+    value = conf.get(name, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ConfigurationError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
+    return value
+
+
 def _str(conf: Any, name: str, default: str | None) -> str | None:
     value = conf.get(name, default)
     if value is not None and not isinstance(value, str):
@@ -76,6 +120,20 @@ class DelayedConfig:
     claim_lease_ms: int
     record_ttl_s: int
     max_payload_bytes: int
+    # retries and the dead-letter queue (retrying.py, dlq.py, intercept.py)
+    max_attempts: int = 4
+    backoff: str = "exponential"
+    backoff_base_s: float = 1.0
+    backoff_factor: float = 2.0
+    backoff_cap_s: float = 600.0
+    backoff_seed: int | None = None
+    dlq_max_age_s: int = 2_592_000
+    dlq_max_len: int = 10_000
+    dlq_queue: str | None = None
+    dlq_task: str = "celery_delayed.dead_letter"
+    dlq_all_failures: bool = False
+    intercept_eta: bool = False
+    intercept_min_delay_s: float = 1.0
 
     @property
     def record_ttl_ms(self) -> int:
@@ -120,7 +178,38 @@ class DelayedConfig:
             claim_lease_ms=_int(conf, "delayed_claim_lease_ms", 60_000, 500, 86_400_000),
             record_ttl_s=_int(conf, "delayed_record_ttl_s", 604_800, 1, 10 * 365 * 86_400),
             max_payload_bytes=_int(conf, "delayed_max_payload_bytes", 1 << 20, 256, 512 << 20),
+            **_retry_settings(conf),
         )
+
+
+def _retry_settings(conf: Any) -> dict[str, Any]:
+    from .backoff import POLICIES
+
+    policy = _str(conf, "delayed_backoff", "exponential")
+    if policy not in POLICIES:
+        raise ConfigurationError(f"delayed_backoff must be one of {POLICIES}, got {policy!r}")
+    seed = conf.get("delayed_backoff_seed", None)
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise ConfigurationError(f"delayed_backoff_seed must be an int or None, got {seed!r}")
+    queue = _str(conf, "delayed_dlq_queue", None)
+    task = _str(conf, "delayed_dlq_task", "celery_delayed.dead_letter")
+    if queue == "" or not task:
+        raise ConfigurationError("delayed_dlq_queue and delayed_dlq_task must be non-empty (or unset)")
+    return {
+        "max_attempts": _int(conf, "delayed_max_attempts", 4, 1, 10_000),
+        "backoff": str(policy),
+        "backoff_base_s": _float(conf, "delayed_backoff_base_s", 1.0, 0.0, 31_536_000.0),
+        "backoff_factor": _float(conf, "delayed_backoff_factor", 2.0, 1.0, 1000.0),
+        "backoff_cap_s": _float(conf, "delayed_backoff_cap_s", 600.0, 0.0, 31_536_000.0),
+        "backoff_seed": seed,
+        "dlq_max_age_s": _int(conf, "delayed_dlq_max_age_s", 2_592_000, 1, 10 * 365 * 86_400),
+        "dlq_max_len": _int(conf, "delayed_dlq_max_len", 10_000, 1, 10_000_000),
+        "dlq_queue": queue,
+        "dlq_task": str(task),
+        "dlq_all_failures": _bool(conf, "delayed_dlq_all_failures", False),
+        "intercept_eta": _bool(conf, "delayed_intercept_eta", False),
+        "intercept_min_delay_s": _float(conf, "delayed_intercept_min_delay_s", 1.0, 0.0, 31_536_000.0),
+    }
 
 
 def get_config(app: Celery) -> DelayedConfig:
