@@ -39,10 +39,11 @@ MESSAGE_OPTIONS = frozenset(
         "root_id", "parent_id", "shadow", "group_id", "group_index", "chord", "chain",
     }
 )
-#: Task attributes that are defaults for the options above (as ``apply_async``).
+#: Task attributes that are defaults for the options above (as ``apply_async``,
+#: which also sends the task's ``ignore_result``).
 _TASK_DEFAULTS = (
     "queue", "routing_key", "exchange", "priority", "expires", "serializer",
-    "delivery_mode", "compression", "time_limit", "soft_time_limit",
+    "delivery_mode", "compression", "time_limit", "soft_time_limit", "ignore_result",
 )
 _SEP = "\x06\x16"  # kombu.transport.redis.Channel.sep
 _BINDING = "_kombu.binding.%s"  # kombu.transport.redis.Channel.keyprefix_queue
