@@ -320,14 +320,20 @@ def report(o: Outcome, schedule_s: float, spread_s: float) -> None:
 
 
 def _count(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
     if not 1 <= value <= 1_000_000:
         raise argparse.ArgumentTypeError(f"must be between 1 and 1000000, got {value}")
     return value
 
 
 def _seconds(text: str) -> float:
-    value = float(text)
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
     if not 0 <= value <= 3600 or math.isnan(value):
         raise argparse.ArgumentTypeError(f"must be between 0 and 3600 seconds, got {text}")
     return value
