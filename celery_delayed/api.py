@@ -11,6 +11,7 @@ from celery import Celery
 
 from .errors import DuplicateJob, InvalidOption, UnknownTask
 from .message import build_message, check_options, task_defaults
+from .misfire import release_fields
 from .result import DelayedResult
 from .store import NewJob, get_store
 from .timeutil import due_spec
@@ -57,6 +58,7 @@ def prepare(
     """Validate a call and build its job; write nothing."""
     store = get_store(app)
     options = dict(options or {})
+    release = release_fields(options, task_type, store.config)  # pops max_lateness / misfire
     check_options(options)
     due = due_spec(when, app.timezone)
     if idempotency_key is not None:
@@ -84,7 +86,7 @@ def prepare(
     fields = {
         "task": name, "q": built.route.queue, "ex": built.route.exchange,
         "rk": built.route.routing_key, "msg": built.body,
-        "sk": shard_key or "", "ik": idempotency_key or "",
+        "sk": shard_key or "", "ik": idempotency_key or "", **release,
     }
     if store.direct:
         fields.update(built.destination(app.conf))
@@ -148,7 +150,11 @@ def apply_later(
             returns the existing job (``created`` False).
         strict: refuse a task name this app does not define.
         **options: Celery's ``apply_async`` options: queue, routing_key,
-            exchange, priority, expires, headers, serializer, ...
+            exchange, priority, expires, headers, serializer, ...; and
+            ``max_lateness`` (seconds) with ``misfire`` ("run", "skip" or
+            "dead"): what to do with a job released later than that (see
+            :mod:`celery_delayed.misfire`). A job released after ``expires``
+            is not sent (state EXPIRED).
 
     Raises:
         InvalidWhen, InvalidOption, SerializationError, PayloadTooLarge,
@@ -187,14 +193,25 @@ def apply_later_many(
     return schedule_prepared(app, prepared)
 
 
-def cancel(app: Celery, job_id: str) -> str:
+def cancel(app: Celery, job_id: str, *, terminate: bool = False, signal: str = "SIGTERM") -> str:
     """Cancel job ``job_id``; return the state it had (SCHEDULED, CLAIMED or QUEUED).
+
+    A RUNNING job is not cancelled (InvalidState with state RUNNING) unless
+    ``terminate`` is set: then its record becomes CANCELLED and Celery's
+    ``app.control.revoke(job_id, terminate=True, signal=signal)`` asks the
+    workers to kill the process running it, which Celery can do in the
+    prefork pool only (a thread or solo pool lets the body finish; its
+    outcome is then not recorded). Returns "RUNNING" in that case.
 
     Raises:
         JobNotFound: no such job (or its record expired).
-        InvalidState: it is running, finished or cancelled already.
+        InvalidState: it is finished or cancelled already, or running
+            (without ``terminate``).
     """
-    return get_store(app).cancel(job_id)
+    prev = get_store(app).cancel(job_id, running=terminate)
+    if prev == "RUNNING":
+        app.control.revoke(job_id, terminate=True, signal=signal)
+    return prev
 
 
 def cancel_by_key(app: Celery, idempotency_key: str) -> str:

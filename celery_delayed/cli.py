@@ -10,6 +10,7 @@ import json
 import logging
 import signal
 import sys
+import threading
 from types import FrameType
 from typing import Any
 
@@ -58,9 +59,15 @@ def run(ctx: click.Context, loglevel: str) -> None:
     def _stop(signum: int, frame: FrameType | None) -> None:
         sched.stop()
 
+    # The loop runs in a thread and the main thread only waits for it: a
+    # signal handler that runs in the thread inside Event.wait() could
+    # deadlock on the event's own lock.
+    thread = threading.Thread(target=sched.run, name="celery-delayed")
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    sched.run()
+    thread.start()
+    while thread.is_alive():
+        thread.join(1.0)
 
 
 @delayed.command()

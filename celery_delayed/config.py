@@ -42,6 +42,18 @@ delayed_intercept_eta      bool    False        route apply_async(eta=/countdown
                                                 Task.retry(countdown=) of every task
                                                 through the store
 delayed_intercept_min_delay_s float 1.0         shorter delays stay broker ETA messages
+delayed_exec_lease_ms      int     30000        worker side: execution lease of a running
+                                                job, extended by a heartbeat every third
+                                                of it; a dead worker's job can be taken
+                                                over by its redelivery after this
+delayed_done_ttl_s         int     86400        how long a finished job's record (the done
+                                                marker) makes a redelivery a no-op
+delayed_idempotency_ttl_s  int     86400        how long a finished job scheduled with an
+                                                idempotency_key keeps the key reserved
+                                                (the longer of the two TTLs applies)
+delayed_misfire            str     "run"        a job released over max lateness: "run",
+                                                "skip" or "dead" (see misfire.py)
+delayed_max_lateness_s     float   None         default max lateness, seconds; None = none
 ========================== ======= ============ ==========================================
 """
 
@@ -134,6 +146,12 @@ class DelayedConfig:
     dlq_all_failures: bool = False
     intercept_eta: bool = False
     intercept_min_delay_s: float = 1.0
+    # worker side (task.py, misfire.py)
+    exec_lease_ms: int = 30_000
+    done_ttl_s: int = 86_400
+    idempotency_ttl_s: int = 86_400
+    misfire: str = "run"
+    max_lateness_s: float | None = None
 
     @property
     def record_ttl_ms(self) -> int:
@@ -179,6 +197,7 @@ class DelayedConfig:
             record_ttl_s=_int(conf, "delayed_record_ttl_s", 604_800, 1, 10 * 365 * 86_400),
             max_payload_bytes=_int(conf, "delayed_max_payload_bytes", 1 << 20, 256, 512 << 20),
             **_retry_settings(conf),
+            **_worker_settings(conf),
         )
 
 
@@ -209,6 +228,21 @@ def _retry_settings(conf: Any) -> dict[str, Any]:
         "dlq_all_failures": _bool(conf, "delayed_dlq_all_failures", False),
         "intercept_eta": _bool(conf, "delayed_intercept_eta", False),
         "intercept_min_delay_s": _float(conf, "delayed_intercept_min_delay_s", 1.0, 0.0, 31_536_000.0),
+    }
+
+
+def _worker_settings(conf: Any) -> dict[str, Any]:
+    misfire = _str(conf, "delayed_misfire", "run")
+    if misfire not in ("run", "skip", "dead"):
+        raise ConfigurationError(f"delayed_misfire must be 'run', 'skip' or 'dead', got {misfire!r}")
+    lateness = conf.get("delayed_max_lateness_s", None)
+    return {
+        "exec_lease_ms": _int(conf, "delayed_exec_lease_ms", 30_000, 300, 86_400_000),
+        "done_ttl_s": _int(conf, "delayed_done_ttl_s", 86_400, 1, 10 * 365 * 86_400),
+        "idempotency_ttl_s": _int(conf, "delayed_idempotency_ttl_s", 86_400, 1, 10 * 365 * 86_400),
+        "misfire": str(misfire),
+        "max_lateness_s": None if lateness is None
+        else _float(conf, "delayed_max_lateness_s", 0.0, 0.0, 31_536_000.0),
     }
 
 

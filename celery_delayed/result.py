@@ -37,17 +37,21 @@ class DelayedResult(AsyncResult):  # type: ignore[misc]
         """When the job is due (aware, UTC)."""
         return from_ms(self.due_ms)
 
-    def cancel(self) -> bool:
+    def cancel(self, terminate: bool = False, signal: str = "SIGTERM") -> bool:
         """Cancel the job; return whether it was cancelled by this call.
 
         A scheduled job is removed from the schedule; a queued one (released,
         not started) is skipped by the worker. False when it runs, finished,
-        was cancelled already or its record expired.
+        was cancelled already or its record expired; with ``terminate`` a
+        running job is cancelled and its process killed where Celery can
+        (see :func:`celery_delayed.cancel`).
         """
         try:
-            self.store.cancel(self.id, self.shard)
+            prev = self.store.cancel(self.id, self.shard, running=terminate)
         except (InvalidState, JobNotFound):
             return False
+        if prev == "RUNNING":
+            self.store.app.control.revoke(self.id, terminate=True, signal=signal)
         return True
 
     def reschedule(self, when: object) -> datetime:

@@ -87,6 +87,10 @@ class Scripts:
         self.reschedule = Script("reschedule")
         self.heartbeat = Script("heartbeat")
         self.rebalance = Script("rebalance")
+        # worker side (task.py)
+        self.start = Script("start")
+        self.extend_lease = Script("extend_lease")
+        self.finish = Script("finish")
 
 
 @cache

@@ -18,9 +18,28 @@ ev         the task-sent event fields (JSON) when the app sends them
 sk         the shard key, when one was given
 ik         the idempotency key, when one was given
 claims     publish path: how many times it was claimed
+exp        Celery's ``expires``, epoch ms: not sent when released at or after it
+ml, mf     max lateness (ms) and misfire policy ('skip' or 'dead'; absent =
+           run anyway), checked at release (``misfire.py``)
+reason     why it was not sent or did not finish (EXPIRED, SKIPPED, DEAD ...)
+att        executions begun (start.lua increments it; 1 = the first run)
+lo, lu     execution lease of a RUNNING job: owner token
+           ("<hostname>|<pid>|<delivery tag>|<nonce>") and deadline, epoch ms;
+           the worker's heartbeat (extend_lease.lua) pushes the deadline on
+started    when the latest execution began, epoch ms
+wk         hostname of the worker that ran it last
+finished   when it SUCCEEDED / was EXPIRED or SKIPPED, epoch ms
 =========  ==============================================================
 
-A released or cancelled record expires after ``delayed_record_ttl_s``.
+Worker-side states (task.py): QUEUED or CLAIMED -> RUNNING (start.lua takes
+the execution lease) -> SUCCEEDED (finish.lua; the record is the done
+marker) | FAILED | DEAD | SCHEDULED again for a retry (retrying.py). At
+release: EXPIRED (``expires`` passed), SKIPPED or DEAD (released later than
+``max_lateness`` with misfire 'skip' or 'dead').
+
+A released or cancelled record expires after ``delayed_record_ttl_s``; a
+SUCCEEDED one after ``delayed_done_ttl_s`` (``delayed_idempotency_ttl_s``
+when longer and the job has an idempotency key).
 """
 
 from __future__ import annotations
@@ -44,7 +63,7 @@ from .keys import Keys, shard_for
 from .scripts import Script, scripts
 
 #: Record fields a new job may carry, in the order schedule.lua receives them.
-RECORD_FIELDS = ("task", "q", "ex", "rk", "msg", "lk", "bx", "ps", "ev", "sk", "ik")
+RECORD_FIELDS = ("task", "q", "ex", "rk", "msg", "lk", "bx", "ps", "ev", "sk", "ik", "exp", "ml", "mf")
 _STATES_CANCELLABLE = ("SCHEDULED", "CLAIMED", "QUEUED")
 
 
@@ -253,8 +272,13 @@ class Store:
         rec["id"], rec["shard"] = job_id, str(s)
         return rec
 
-    def cancel(self, job_id: str, shard: int | None = None, now_ms: int | None = None) -> str:
+    def cancel(
+        self, job_id: str, shard: int | None = None, now_ms: int | None = None, running: bool = False,
+    ) -> str:
         """Cancel a job; return the state it had (SCHEDULED, CLAIMED or QUEUED).
+
+        ``running=True`` cancels a RUNNING job too (returns "RUNNING"): for a
+        caller that also terminates the execution.
 
         Raises:
             JobNotFound: no such job.
@@ -268,7 +292,8 @@ class Store:
         code, state = self._run(
             self.scripts.cancel,
             [sk.due, sk.buckets, sk.inflight, sk.job(job_id)],
-            [job_id, self.config.bucket_ms, "" if now_ms is None else now_ms, self.config.record_ttl_ms],
+            [job_id, self.config.bucket_ms, "" if now_ms is None else now_ms, self.config.record_ttl_ms,
+             "1" if running else ""],
         )
         if code == 0:
             raise JobNotFound(job_id)
@@ -305,7 +330,7 @@ class Store:
         gkp = (self.app.conf.broker_transport_options or {}).get("global_keyprefix", "") or ""
         reply = self._run(
             self.scripts.release_due,
-            [sk.due, sk.buckets, sk.next, sk.lease],
+            [sk.due, sk.buckets, sk.next, sk.lease, sk.dlq],
             [sk.job_prefix, "" if now_ms is None else now_ms, limit or self.config.batch_size,
              self.config.bucket_ms, owner, fence, self.config.record_ttl_ms, gkp],
         )
@@ -324,9 +349,9 @@ class Store:
         sk = self.keys.shard(shard)
         reply = self._run(
             self.scripts.claim_due,
-            [sk.due, sk.buckets, sk.next, sk.lease, sk.inflight],
+            [sk.due, sk.buckets, sk.next, sk.lease, sk.inflight, sk.dlq],
             [sk.job_prefix, "" if now_ms is None else now_ms, limit or self.config.batch_size,
-             self.config.bucket_ms, owner, fence, self.config.claim_lease_ms],
+             self.config.bucket_ms, owner, fence, self.config.claim_lease_ms, self.config.record_ttl_ms],
         )
         batch = self._batch(reply)
         rest = reply[5:]

@@ -11,6 +11,7 @@ KEYS[2]  bucket index      {p}:{s}:buckets
 KEYS[3]  next due key      {p}:{s}:next
 KEYS[4]  lease key         {p}:{s}:lease
 KEYS[5]  in-flight set     {p}:{s}:inflight
+KEYS[6]  dead-letter set   {p}:{s}:dlq
 ARGV[1]  job key prefix    {p}:{s}:job:
 ARGV[2]  now, epoch ms ('' = the Redis server's TIME)
 ARGV[3]  most jobs to claim in this call
@@ -18,12 +19,16 @@ ARGV[4]  bucket width, ms (0 = one due set)
 ARGV[5]  lease owner token ('' = no lease check)
 ARGV[6]  lease fence
 ARGV[7]  claim lease, ms (how long the caller has to publish and ack)
+ARGV[8]  ttl of an expired / skipped job's record, ms
 
 Returns {code, claimed, skipped, next_due, now, then per claimed job:
 id, msg, exchange, routing_key, queue, ev}; code 1 = done, -1 = the shard
-lease is not held (nothing done); next_due as in release_due.
+lease is not held (nothing done); next_due as in release_due. Jobs that
+expired or missed max_lateness are not claimed (see release_due: EXPIRED,
+SKIPPED, DEAD) and count as skipped.
 ]]
 -- @include "common"
+-- @include "misfire"
 
 local prefix, limit, bucket_ms = ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4])
 if not lease_ok(KEYS[4], ARGV[5], ARGV[6]) then return {-1, 0, 0, -1, 0} end
@@ -31,6 +36,18 @@ local now = now_ms(ARGV[2])
 local deadline = now + tonumber(ARGV[7])
 local out = {1, 0, 0, -1, now}
 local claimed, skipped = 0, 0
+local ttl = tonumber(ARGV[8])
+
+-- Expired or misfired: record it instead of claiming it; true when so.
+local function held_back(id, jk)
+  local r = redis.call('HMGET', jk, 'due', 'exp', 'ml', 'mf')
+  local unsent, why = unsendable(now, r[1], r[2], r[3], r[4])
+  if not unsent then return false end
+  redis.call('ZREM', KEYS[5], id)
+  mark_unsent(jk, KEYS[6], id, unsent, why, now, ttl)
+  skipped = skipped + 1
+  return true
+end
 
 local function emit(id, jk)
   local r = redis.call('HMGET', jk, 'msg', 'ex', 'rk', 'q', 'ev')
@@ -51,7 +68,7 @@ for _, id in ipairs(stale) do
   local jk = prefix .. id
   local st = redis.call('HGET', jk, 'st')
   if st == 'CLAIMED' and redis.call('HEXISTS', jk, 'msg') == 1 then
-    emit(id, jk)
+    if not held_back(id, jk) then emit(id, jk) end
   else
     redis.call('ZREM', KEYS[5], id)
   end
@@ -61,8 +78,10 @@ local ids = take_due(KEYS[1], KEYS[2], bucket_ms, now, limit - claimed)
 for _, id in ipairs(ids) do
   local jk = prefix .. id
   if redis.call('HGET', jk, 'st') == 'SCHEDULED' and redis.call('HEXISTS', jk, 'msg') == 1 then
-    redis.call('HSET', jk, 'st', 'CLAIMED')
-    emit(id, jk)
+    if not held_back(id, jk) then
+      redis.call('HSET', jk, 'st', 'CLAIMED')
+      emit(id, jk)
+    end
   else
     skipped = skipped + 1
   end

@@ -9,6 +9,7 @@ KEYS[1]  due set base      {p}:{s}:due
 KEYS[2]  bucket index      {p}:{s}:buckets
 KEYS[3]  next due key      {p}:{s}:next
 KEYS[4]  lease key         {p}:{s}:lease
+KEYS[5]  dead-letter set   {p}:{s}:dlq
 ARGV[1]  job key prefix    {p}:{s}:job:
 ARGV[2]  now, epoch ms ('' = the Redis server's TIME)
 ARGV[3]  most jobs to release in this call
@@ -29,9 +30,12 @@ Returns {code, released, skipped, next_due, now, id1, ev1, id2, ev2, ...}:
 code 1 = done, -1 = the lease is not held (nothing done); next_due = the
 earliest due time left in the shard, -1 when none; evN = the job's stored
 task-sent event fields ('' when the app sends no such events). Skipped jobs
-were cancelled (or otherwise no longer SCHEDULED) and are only unindexed.
+were cancelled (or otherwise no longer SCHEDULED) and are only unindexed, or
+were not sent because they expired (Celery's `expires`: state EXPIRED) or
+missed max_lateness with misfire 'skip' (SKIPPED) or 'dead' (DEAD).
 ]]
 -- @include "common"
+-- @include "misfire"
 
 local prefix, limit, bucket_ms = ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4])
 if not lease_ok(KEYS[4], ARGV[5], ARGV[6]) then return {-1, 0, 0, -1, 0} end
@@ -58,10 +62,15 @@ local out = {1, 0, 0, -1, now}
 local released, skipped = 0, 0
 for _, id in ipairs(ids) do
   local jk = prefix .. id
-  local r = redis.call('HMGET', jk, 'st', 'msg', 'lk', 'bx', 'rk', 'ps', 'ev', 'q')
+  local r = redis.call('HMGET', jk, 'st', 'msg', 'lk', 'bx', 'rk', 'ps', 'ev', 'q', 'due', 'exp', 'ml', 'mf')
+  local unsent, why = nil, nil
+  if r[1] == 'SCHEDULED' and r[2] then unsent, why = unsendable(now, r[9], r[10], r[11], r[12]) end
   -- A record stored without lk/bx (scheduled by an app on the publish path)
   -- goes to its queue's list: a script error here would lose the whole batch.
-  if r[1] == 'SCHEDULED' and r[2] and (r[3] or r[4] or r[8]) then
+  if unsent then
+    mark_unsent(jk, KEYS[5], id, unsent, why, now, ttl)
+    skipped = skipped + 1
+  elseif r[1] == 'SCHEDULED' and r[2] and (r[3] or r[4] or r[8]) then
     if r[3] then
       redis.call('LPUSH', r[3], r[2])
     elseif r[4] then

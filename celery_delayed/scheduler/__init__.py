@@ -9,5 +9,6 @@ from __future__ import annotations
 
 from .loop import Scheduler
 from .mover import DirectMover, Mover, PublishMover, make_mover
+from .wakeup import WakeListener
 
-__all__ = ["DirectMover", "Mover", "PublishMover", "Scheduler", "make_mover"]
+__all__ = ["DirectMover", "Mover", "PublishMover", "Scheduler", "WakeListener", "make_mover"]

@@ -6,8 +6,7 @@ heartbeats a membership lease; the live members split the shards between
 them (``rebalance.lua``), and a dead member's shards move to the others once
 its lease runs out. The loop never polls blindly: it sleeps until the
 earliest due time of its shards, or its next heartbeat, and a job scheduled
-earlier than that wakes it through pub/sub (``schedule.lua`` publishes only
-when the new job is earlier than the shard's known next due time).
+earlier than that wakes it through pub/sub (see :mod:`.wakeup`).
 """
 
 from __future__ import annotations
@@ -21,18 +20,25 @@ import time
 import uuid
 from typing import Any
 
-import redis
 from celery import Celery
+from kombu.exceptions import OperationalError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from ..config import get_config
 from ..errors import LeaseLost, StoreUnavailable
-from ..store import Store, get_store
+from ..store import Store
 from .mover import Mover, make_mover
+from .wakeup import MEMBERS, WakeListener, redis_client
 
 logger = logging.getLogger("celery_delayed.scheduler")
 
-_TRANSIENT = (StoreUnavailable, RedisConnectionError, RedisTimeoutError, OSError)
+# Errors that mean "Redis or the broker is unreachable right now": logged
+# briefly and retried with back-off. Anything else is logged with a traceback
+# and retried the same way: the scheduler process never dies of an error.
+_TRANSIENT = (StoreUnavailable, RedisConnectionError, RedisTimeoutError, OperationalError, OSError)
+_MAX_BACKOFF_S = 5.0
+_INF = float("inf")
 
 
 def owner_token() -> str:
@@ -46,10 +52,10 @@ class Scheduler:
 
     Args:
         app: the Celery app (its ``delayed_*`` settings apply).
-        store: the store (default: the app's).
+        store: the store (default: one of its own, on a fail-fast Redis client).
         owner: this scheduler's token (default: host:pid:random).
         max_sleep_s: the longest it sleeps without looking (a safety net;
-            wake-ups arrive through pub/sub).
+            wake-ups arrive through pub/sub). Default: the heartbeat period.
     """
 
     def __init__(
@@ -60,25 +66,35 @@ class Scheduler:
         max_sleep_s: float | None = None,
     ) -> None:
         self.app = app
-        self.store = store or get_store(app)
-        self.config = self.store.config
+        if store is None:
+            config = get_config(app)
+            store = Store(app, config, client=redis_client(config.redis_url, health_check_interval=30))
+        self.store = store
+        self.config = store.config
         self.owner = owner or owner_token()
+        # Four heartbeats per lease: a member survives a few slow ones.
         self.heartbeat_s = self.config.lease_ms / 4000.0
         self.max_sleep_s = max_sleep_s if max_sleep_s is not None else self.heartbeat_s
-        self.mover: Mover = make_mover(app, self.store)
+        self.mover: Mover = make_mover(app, store)
         self.shards: dict[int, str] = {}  # shard -> fence
         self.next_due: dict[int, float] = {}  # shard -> due ms (Redis clock)
         self.members: list[str] = []
         self.released = 0
         self.batches = 0
+        self.ready = threading.Event()  # set once the first heartbeat has run
         self._offset_ms = 0.0  # Redis clock - local clock
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._lock = threading.Lock()
-        self._next_heartbeat = 0.0
-        self._listener: threading.Thread | None = None
-        self._pubsub_client: redis.Redis | None = None
-        self.ready = threading.Event()  # set once the first heartbeat has run
+        self._next_heartbeat = 0.0  # time.monotonic() of the next heartbeat
+        self._rebalance_needed = True
+        self._joined = False
+        # Wake-ups that arrive while a shard is being moved: the move's result
+        # may predate them, so they are applied after it (see _apply).
+        self._woken: dict[int, float] = {}
+        self._listener = WakeListener(
+            self.config.redis_url, store.keys.wake, self._on_due, self._on_members, self._wake_all
+        )
 
     # -- clock -----------------------------------------------------------------
 
@@ -89,53 +105,25 @@ class Scheduler:
         if server_now_ms > 0:
             self._offset_ms = server_now_ms - time.time() * 1000.0
 
-    # -- wake-ups ----------------------------------------------------------------
+    # -- wake-ups (called from the listener thread) -------------------------------
 
-    def _listen(self) -> None:
-        """Pub/sub thread: a job due earlier than known wakes the loop."""
-        backoff = 0.1
-        while not self._stop.is_set():
-            pubsub = None
-            try:
-                client = redis.Redis.from_url(
-                    self.config.redis_url, decode_responses=True, health_check_interval=10
-                )
-                self._pubsub_client = client
-                pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
-                pubsub.subscribe(self.store.keys.wake)
-                # After (re)subscribing, look at every shard again: a wake-up
-                # may have been published while we were not listening.
-                self._wake_all()
-                backoff = 0.1
-                while not self._stop.is_set():
-                    msg = pubsub.get_message(timeout=1.0)
-                    if msg and msg.get("type") == "message":
-                        self._on_wake(str(msg["data"]))
-            except Exception as exc:
-                if self._stop.is_set():
-                    break
-                logger.warning("wake-up listener: %s; retrying in %.1fs", exc, backoff)
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 5.0)
-            finally:
-                if pubsub is not None:
-                    try:
-                        pubsub.close()
-                    except Exception:
-                        logger.debug("closing pubsub failed", exc_info=True)
-
-    def _on_wake(self, data: str) -> None:
-        shard_s, _, due_s = data.partition(":")
-        try:
-            shard, due = int(shard_s), float(due_s)
-        except ValueError:
-            return
+    def _on_due(self, shard: int, due: float) -> None:
         with self._lock:
-            if shard in self.shards and due < self.next_due.get(shard, float("inf")):
+            if shard not in self.shards:
+                return
+            self._woken[shard] = min(due, self._woken.get(shard, _INF))
+            if due < self.next_due.get(shard, _INF):
                 self.next_due[shard] = due
                 self._wake.set()
 
+    def _on_members(self, owner: str) -> None:
+        if owner != self.owner:
+            self._next_heartbeat = 0.0
+            self._rebalance_needed = True
+            self._wake.set()
+
     def _wake_all(self) -> None:
+        """Look at every held shard now (after a (re)subscription or an outage)."""
         with self._lock:
             for s in self.shards:
                 self.next_due[s] = 0.0
@@ -146,13 +134,40 @@ class Scheduler:
     def _heartbeat(self) -> None:
         now, members = self.store.heartbeat(self.owner)
         self._observe(now)
-        if members != self.members or not self.shards:
-            self._rebalance(members)
         self._next_heartbeat = time.monotonic() + self.heartbeat_s
+        if members != self.members or not self.shards or self._rebalance_needed:
+            self._rebalance(members)
+        if len(members) > 1:
+            self._watch_members()
+        if not self._joined:
+            self._joined = True
+            self._announce()
         self.ready.set()
 
-    def _rebalance(self, members: list[str] | None = None) -> None:
+    def _watch_members(self) -> None:
+        """Heartbeat again the moment another member's lease runs out.
+
+        A dead member's shards are taken over when its lease expires; waiting
+        for our next regular heartbeat would add up to a quarter lease.
+        """
+        rows: list[tuple[str, float]] = self.store.client.zrange(  # type: ignore[assignment]
+            self.store.keys.schedulers, 0, -1, withscores=True
+        )
+        others = [score for member, score in rows if member != self.owner]
+        if others:
+            left_s = max(0.0, (min(others) - self._redis_now()) / 1000.0) + 0.02
+            self._next_heartbeat = min(self._next_heartbeat, time.monotonic() + left_s)
+
+    def _announce(self) -> None:
+        """Tell the other schedulers that the membership changed (best effort)."""
+        try:
+            self.store.client.publish(self.store.keys.wake, MEMBERS + self.owner)
+        except Exception:
+            logger.debug("announcing the membership change failed", exc_info=True)
+
+    def _rebalance(self, members: list[str]) -> None:
         shards = self.store.rebalance(self.owner)
+        self._rebalance_needed = False
         with self._lock:
             gained = set(shards) - set(self.shards)
             lost = set(self.shards) - set(shards)
@@ -161,12 +176,12 @@ class Scheduler:
                 self.next_due[s] = 0.0  # look at it now
             for s in lost:
                 self.next_due.pop(s, None)
-        if members is not None:
-            self.members = members
+                self._woken.pop(s, None)
+        self.members = members
         if gained or lost:
             logger.info(
                 "scheduler %s holds %d shard(s) of %d with %d member(s)%s%s",
-                self.owner, len(shards), self.config.shards, len(self.members),
+                self.owner, len(shards), self.config.shards, len(members),
                 f"; gained {sorted(gained)}" if gained else "",
                 f"; lost {sorted(lost)}" if lost else "",
             )
@@ -176,12 +191,16 @@ class Scheduler:
     def release_due(self) -> int:
         """Release every due job of the held shards, one batch per shard per round.
 
-        Round-robin keeps a shard with a large backlog from starving the
-        others. Returns how many jobs were released.
+        Round robin keeps a shard with a large backlog from starving the
+        others; the membership heartbeat keeps running between rounds, so a
+        long backlog does not cost this scheduler its shards. Returns how many
+        jobs were released.
         """
         total = 0
         limit = self.config.batch_size
         while not self._stop.is_set():
+            if time.monotonic() >= self._next_heartbeat:
+                self._heartbeat()
             now = self._redis_now()
             with self._lock:
                 due = [(s, f) for s, f in self.shards.items() if self.next_due.get(s, 0.0) <= now]
@@ -190,86 +209,121 @@ class Scheduler:
             for shard, fence in due:
                 if self._stop.is_set():
                     break
-                try:
-                    batch = self.mover.move(shard, self.owner, fence, limit)
-                except LeaseLost:
-                    logger.info("scheduler %s lost the lease of shard %d", self.owner, shard)
-                    with self._lock:
-                        self.shards.pop(shard, None)
-                        self.next_due.pop(shard, None)
-                    self._next_heartbeat = 0.0  # re-read the membership now
-                    continue
-                self._observe(batch.now_ms)
-                self.batches += 1
-                total += batch.count
-                with self._lock:
-                    if shard not in self.shards:
-                        continue
-                    if batch.count + batch.skipped >= limit:
-                        self.next_due[shard] = 0.0  # more are due: next round
-                    else:
-                        nxt = float(batch.next_due_ms) if batch.next_due_ms is not None else float("inf")
-                        self.next_due[shard] = nxt
+                total += self._move(shard, fence, limit)
         self.released += total
         return total
 
+    def _move(self, shard: int, fence: str, limit: int) -> int:
+        with self._lock:
+            self._woken.pop(shard, None)
+        try:
+            batch = self.mover.move(shard, self.owner, fence, limit)
+        except LeaseLost:
+            logger.info("scheduler %s lost the lease of shard %d", self.owner, shard)
+            with self._lock:
+                self.shards.pop(shard, None)
+                self.next_due.pop(shard, None)
+            self._next_heartbeat = 0.0  # re-read the membership now
+            self._rebalance_needed = True
+            return 0
+        self._observe(batch.now_ms)
+        self.batches += 1
+        if batch.count:
+            logger.debug("shard %d: released %d job(s)", shard, batch.count)
+        with self._lock:
+            if shard in self.shards:
+                if batch.count + batch.skipped >= limit:
+                    nxt = 0.0  # more may be due: next round
+                else:
+                    nxt = float(batch.next_due_ms) if batch.next_due_ms is not None else _INF
+                # A wake-up that arrived during the move may be newer than its result.
+                self.next_due[shard] = min(nxt, self._woken.pop(shard, _INF))
+        return batch.count
+
     def _sleep_s(self) -> float:
         with self._lock:
-            earliest = min(self.next_due.values(), default=float("inf"))
+            earliest = min(self.next_due.values(), default=_INF)
         until_due = (earliest - self._redis_now()) / 1000.0
         until_hb = self._next_heartbeat - time.monotonic()
         return max(0.0, min(until_due, until_hb, self.max_sleep_s))
 
     def run_once(self) -> float:
         """Heartbeat if it is time, release what is due; return seconds to sleep."""
+        self._wake.clear()
         if time.monotonic() >= self._next_heartbeat:
             self._heartbeat()
-        self._wake.clear()
         self.release_due()
         return self._sleep_s()
 
     def run(self) -> None:
-        """Run until :meth:`stop`; Redis errors are logged and retried with backoff."""
+        """Run until :meth:`stop`; errors are logged and retried with back-off."""
         logger.info(
             "celery-delayed scheduler %s starting (%s path, %d shards, prefix %r)",
             self.owner, "direct" if self.store.direct else "publish",
             self.config.shards, self.config.key_prefix,
         )
-        self._listener = threading.Thread(target=self._listen, name="delayed-wake", daemon=True)
         self._listener.start()
         backoff = 0.1
+        failing = False
         try:
             while not self._stop.is_set():
                 try:
                     sleep_s = self.run_once()
+                    if failing:
+                        logger.warning("scheduler %s: store reachable again; resuming", self.owner)
+                        failing = False
                     backoff = 0.1
-                except _TRANSIENT as exc:
-                    logger.warning("scheduler: store unavailable (%s); retrying in %.1fs", exc, backoff)
+                except Exception as exc:
+                    if isinstance(exc, _TRANSIENT):
+                        logger.warning("scheduler: store or broker unavailable (%s); retrying in %.1fs",
+                                       exc, backoff)
+                    else:
+                        logger.exception("scheduler: unexpected error; retrying in %.1fs", backoff)
+                    failing = True
+                    # Jitter keeps several schedulers from reconnecting in lockstep.
                     sleep_s = backoff * (0.5 + random.random())
-                    backoff = min(backoff * 2, 5.0)
-                    self._next_heartbeat = 0.0
-                    self.mover.close()
-                except Exception:
-                    logger.exception("scheduler: unexpected error; retrying in %.1fs", backoff)
-                    sleep_s = backoff
-                    backoff = min(backoff * 2, 5.0)
-                if sleep_s > 0:
+                    backoff = min(backoff * 2, _MAX_BACKOFF_S)
+                    self._recover()
+                if sleep_s > 0 and not self._stop.is_set():
                     self._wake.wait(sleep_s)
         finally:
             self._shutdown()
 
+    def _recover(self) -> None:
+        """After an error: heartbeat and rebalance at once, then look at every shard.
+
+        Redis may have restarted without its data (leases gone), and jobs may
+        have been scheduled while the listener was not subscribed.
+        """
+        self._next_heartbeat = 0.0
+        self._rebalance_needed = True
+        self._wake_all()
+        self._wake.clear()  # sleep the back-off first
+        try:
+            self.mover.close()
+        except Exception:
+            logger.debug("closing the mover failed", exc_info=True)
+
     def _shutdown(self) -> None:
         try:
             self.store.heartbeat(self.owner, leave=True)  # hand the shards over at once
+            self._announce()
         except Exception:
             logger.debug("leaving the scheduler set failed", exc_info=True)
         self.mover.close()
-        if self._listener is not None:
-            self._listener.join(timeout=3)
+        self._listener.stop()
+        try:
+            self.store.client.close()
+        except Exception:
+            logger.debug("closing the store client failed", exc_info=True)
         logger.info("celery-delayed scheduler %s stopped (%d released)", self.owner, self.released)
 
     def stop(self) -> None:
-        """Ask the loop to stop after the batch it is moving (safe from a signal handler)."""
+        """Ask the loop to stop after the batch it is moving.
+
+        A batch in flight is finished (published and acknowledged), so a stop
+        never strands a claimed job until its claim lease runs out.
+        """
         self._stop.set()
         self._wake.set()
 
@@ -278,8 +332,13 @@ class Scheduler:
         """True once :meth:`stop` was called."""
         return self._stop.is_set()
 
+    @property
+    def listening(self) -> bool:
+        """True while the wake-up listener is subscribed."""
+        return self._listener.subscribed.is_set()
+
     def status(self) -> dict[str, Any]:
-        """A snapshot of this scheduler: owner, shards held, released count."""
+        """A snapshot of this scheduler: owner, shards held, members, released count."""
         with self._lock:
             return {"owner": self.owner, "shards": sorted(self.shards), "members": list(self.members),
                     "released": self.released, "batches": self.batches}

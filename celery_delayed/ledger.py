@@ -1,0 +1,137 @@
+"""The run-time ledger of ``DelayedTask``: execution leases and done markers in the job record.
+
+One execution of a job at a time: ``start.lua`` re-reads the record and takes
+the job's execution lease (fields ``lo``/``lu``, see ``store.py``), a
+:class:`LeaseKeeper` thread extends it while the body runs, and
+``finish.lua`` records the outcome; a SUCCEEDED record is the done marker
+that turns a redelivery into a no-op until it expires.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import uuid
+from dataclasses import dataclass
+
+from .errors import DelayedError
+from .store import Store
+
+logger = logging.getLogger("celery_delayed.worker")
+
+#: ``start`` outcomes (start.lua's return codes).
+RUN, UNTRACKED, CANCELLED, DONE, BUSY, OTHER = 1, 0, -1, -2, -3, -4
+
+
+@dataclass(frozen=True)
+class Started:
+    """What ``start.lua`` decided for one delivery."""
+
+    code: int  # RUN, UNTRACKED, CANCELLED, DONE, BUSY or OTHER
+    state: str  # the record's state ('' without a record)
+    attempt: int  # executions begun, this one included when code is RUN
+    lease_until_ms: int  # RUN: our deadline; BUSY: the other execution's
+
+
+@dataclass(frozen=True)
+class Execution:
+    """One running execution of a job: who holds its lease."""
+
+    job_id: str
+    shard: int
+    owner: str
+    attempt: int
+
+
+def owner_token(hostname: str, delivery_tag: object) -> str:
+    """A lease owner token unique to one execution.
+
+    The Redis transport redelivers a message with its original delivery tag,
+    so the tag alone cannot tell two deliveries apart: a random nonce does.
+    """
+    return f"{hostname}|{os.getpid()}|{delivery_tag or ''}|{uuid.uuid4().hex[:12]}"
+
+
+class Ledger:
+    """Runs the worker-side scripts of one store."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.lease_ms = store.config.exec_lease_ms
+
+    def _key(self, job_id: str, shard: int) -> str:
+        return self.store.keys.shard(shard).job(job_id)
+
+    def start(
+        self, job_id: str, shard: int, owner: str, hostname: str = "", now_ms: int | None = None,
+    ) -> Started:
+        """Take the job's execution lease if it may run now (see ``lua/start.lua``)."""
+        code, state, attempt, until = self.store._run(
+            self.store.scripts.start, [self._key(job_id, shard)],
+            [owner, self.lease_ms, "" if now_ms is None else now_ms, hostname],
+        )
+        return Started(int(code), str(state), int(attempt), int(until))
+
+    def extend(self, ex: Execution, now_ms: int | None = None) -> bool:
+        """Push the lease deadline on by ``delayed_exec_lease_ms``; False when the lease is lost."""
+        code, _state, _until = self.store._run(
+            self.store.scripts.extend_lease, [self._key(ex.job_id, ex.shard)],
+            [ex.owner, self.lease_ms, "" if now_ms is None else now_ms],
+        )
+        return int(code) == 1
+
+    def finish(self, ex: Execution, outcome: str, reason: str = "", now_ms: int | None = None) -> tuple[int, str]:
+        """Record ``outcome`` (SUCCEEDED, FAILED or QUEUED) and give the lease back.
+
+        Returns ``(code, state)`` as ``lua/finish.lua``: 1 recorded; 0 no
+        record; -1 the lease was not ours any more (state = the job's state).
+        """
+        cfg = self.store.config
+        code, state = self.store._run(
+            self.store.scripts.finish, [self._key(ex.job_id, ex.shard)],
+            [ex.owner, outcome, cfg.done_ttl_s * 1000, cfg.idempotency_ttl_s * 1000,
+             "" if now_ms is None else now_ms, reason],
+        )
+        return int(code), str(state)
+
+
+class LeaseKeeper:
+    """A daemon thread that extends an execution's lease every third of it until stopped.
+
+    It stops by itself when the lease is lost (the job was cancelled with
+    ``terminate``, or taken over after a stall longer than the lease); a
+    store outage is logged and retried at the next beat.
+    """
+
+    def __init__(self, ledger: Ledger, execution: Execution) -> None:
+        self.ledger = ledger
+        self.execution = execution
+        self.interval_s = max(ledger.lease_ms / 3000.0, 0.05)
+        self.lost = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name=f"celery-delayed-lease-{execution.job_id}", daemon=True,
+        )
+
+    def start(self) -> LeaseKeeper:
+        """Start beating; return self."""
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                if not self.ledger.extend(self.execution):
+                    self.lost = True
+                    logger.warning("job %s: execution lease lost (cancelled or taken over)",
+                                   self.execution.job_id)
+                    return
+            except DelayedError as exc:
+                logger.warning("job %s: could not extend the execution lease: %s", self.execution.job_id, exc)
+
+    def stop(self) -> None:
+        """Stop beating (idempotent); waits for an extension in progress to end."""
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(5)

@@ -1,0 +1,22 @@
+--[[ extend_lease: keep a running execution's lease alive (worker heartbeat).
+
+KEYS[1]  job record        {p}:{s}:job:<id>
+ARGV[1]  execution owner token (as given to start)
+ARGV[2]  execution lease, ms: the new deadline is now + this
+ARGV[3]  now, epoch ms ('' = the Redis server's TIME)
+
+Returns {code, state, lease_until}:
+   1  extended; lease_until = the new deadline, epoch ms
+   0  no record (it expired): nothing to extend
+  -1  the lease is lost: the job is no longer RUNNING under this owner
+      (cancelled with terminate, or taken over after the lease passed);
+      state says what it is now. Nothing changed.
+]]
+-- @include "common"
+
+local st, lo = unpack(redis.call('HMGET', KEYS[1], 'st', 'lo'))
+if not st then return {0, '', 0} end
+if st ~= 'RUNNING' or lo ~= ARGV[1] then return {-1, st, 0} end
+local lu = now_ms(ARGV[3]) + tonumber(ARGV[2])
+redis.call('HSET', KEYS[1], 'lu', lu)
+return {1, st, lu}

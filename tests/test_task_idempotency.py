@@ -1,0 +1,126 @@
+"""Idempotency: one job per idempotency key, the run-time ledger (execution lease, done marker)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from celery_delayed import apply_later, get_store
+from celery_delayed.ledger import BUSY, DONE, RUN, Execution, Ledger
+from conftest import make_app
+from helpers import WorkerProcess, ran, wait_for
+
+
+def _release_all(app) -> int:
+    store = get_store(app)
+    return sum(store.release_due(s).count for s in range(store.config.shards))
+
+
+def test_ledger_lease_takeover_and_done_marker(redis_url, uid, rclient):
+    app = make_app(redis_url, uid, delayed_exec_lease_ms=1000, delayed_done_ttl_s=60)
+    h = apply_later(app, "e2e.mark", when=0, strict=False)
+    assert _release_all(app) == 1
+    ledger = Ledger(get_store(app))
+    t0 = get_store(app).now_ms()
+
+    first = ledger.start(h.id, h.shard, "a", "host-a", now_ms=t0)
+    assert (first.code, first.attempt, first.lease_until_ms) == (RUN, 1, t0 + 1000)
+    assert h.job_state == "RUNNING"
+    busy = ledger.start(h.id, h.shard, "b", "host-b", now_ms=t0 + 500)
+    assert (busy.code, busy.lease_until_ms) == (BUSY, t0 + 1000)
+    a = Execution(h.id, h.shard, "a", 1)
+    assert ledger.extend(a, now_ms=t0 + 900)  # the heartbeat: deadline t0 + 1900
+    assert ledger.start(h.id, h.shard, "b", "host-b", now_ms=t0 + 1800).code == BUSY
+    assert not ledger.extend(Execution(h.id, h.shard, "b", 0), now_ms=t0 + 1800)
+
+    # a's worker died: once its lease passed, a redelivery takes over (attempt 2)
+    took = ledger.start(h.id, h.shard, "b", "host-b", now_ms=t0 + 1901)
+    assert (took.code, took.attempt) == (RUN, 2)
+    assert not ledger.extend(a, now_ms=t0 + 1902)  # a, if it comes back, learns it lost the job
+    assert ledger.finish(a, "SUCCEEDED") == (-1, "RUNNING")
+    assert ledger.finish(Execution(h.id, h.shard, "b", 2), "SUCCEEDED") == (1, "SUCCEEDED")
+
+    rec = h.job()
+    assert rec["st"] == "SUCCEEDED" and rec["att"] == "2" and rec["wk"] == "host-b"
+    assert "lo" not in rec and "lu" not in rec
+    assert 55_000 < rclient.pttl(get_store(app).keys.shard(h.shard).job(h.id)) <= 60_000
+    done = ledger.start(h.id, h.shard, "c", "host-c")
+    assert (done.code, done.state) == (DONE, "SUCCEEDED")
+
+
+def test_start_without_record_runs_untracked(app):
+    assert Ledger(get_store(app)).start("never-scheduled", 0, "a").code == 0
+
+
+def test_duplicate_key_returns_the_existing_job(app, rclient):
+    h1 = apply_later(app, "e2e.mark", (1,), when=3600, idempotency_key="order-42:reminder", strict=False)
+    h2 = apply_later(app, "e2e.mark", (2,), when=60, idempotency_key="order-42:reminder", strict=False)
+    assert h1.created and not h2.created
+    assert h1.id == h2.id and h2.due_ms == h1.due_ms  # the first call's job, unchanged
+    assert sum(r["pending"] for r in get_store(app).shard_status()) == 1
+
+
+@pytest.mark.parametrize("n_threads", [16])
+def test_duplicate_key_from_threads_at_once(app, n_threads):
+    barrier = threading.Barrier(n_threads)
+    results: list[object] = []
+
+    def schedule(i: int) -> None:
+        barrier.wait(5)
+        results.append(apply_later(app, "e2e.mark", (i,), when=600, idempotency_key="same", strict=False))
+
+    threads = [threading.Thread(target=schedule, args=(i,)) for i in range(n_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert len(results) == n_threads
+    assert len({r.id for r in results}) == 1  # type: ignore[attr-defined]
+    assert sum(r.created for r in results) == 1  # type: ignore[attr-defined]
+    assert sum(r["pending"] for r in get_store(app).shard_status()) == 1
+
+
+def test_key_stays_reserved_for_the_idempotency_ttl_after_the_job_finishes(redis_url, uid, rclient):
+    app = make_app(redis_url, uid, delayed_done_ttl_s=1, delayed_idempotency_ttl_s=3)
+    store = get_store(app)
+    keyed = apply_later(app, "e2e.mark", when=0, idempotency_key="k1", strict=False)
+    plain = apply_later(app, "e2e.mark", when=0, strict=False)
+    assert _release_all(app) == 2
+    ledger = Ledger(store)
+    for h in (keyed, plain):
+        assert ledger.start(h.id, h.shard, "w", "host").code == RUN
+        assert ledger.finish(Execution(h.id, h.shard, "w", 1), "SUCCEEDED")[0] == 1
+    assert 2_000 < rclient.pttl(store.keys.shard(keyed.shard).job(keyed.id)) <= 3_000  # idempotency ttl
+    assert 0 < rclient.pttl(store.keys.shard(plain.shard).job(plain.id)) <= 1_000  # done ttl
+
+    again = apply_later(app, "e2e.mark", when=0, idempotency_key="k1", strict=False)
+    assert not again.created and again.id == keyed.id and again.job_state == "SUCCEEDED"
+    wait_for(lambda: not rclient.exists(store.keys.shard(keyed.shard).job(keyed.id)), 5, what="ttl")
+    fresh = apply_later(app, "e2e.mark", when=0, idempotency_key="k1", strict=False)
+    assert fresh.created and fresh.id == keyed.id and fresh.job_state == "SCHEDULED"
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(90)
+def test_redelivered_completed_task_is_skipped(redis_url, uid, rclient, workers):
+    """A copy of a completed job's message (as a redelivery would bring) does not run the body again."""
+    app = make_app(redis_url, uid)
+    prefix, queue = app.conf.delayed_key_prefix, app.conf.task_default_queue
+    store = get_store(app)
+    h = apply_later(app, "e2e.mark", when=0, strict=False)
+    jk = store.keys.shard(h.shard).job(h.id)
+    msg, lk = rclient.hmget(jk, "msg", "lk")
+    assert _release_all(app) == 1
+    w = WorkerProcess(redis_url, prefix, queue, concurrency=2)
+    workers.append(w)
+    wait_for(lambda: h.job_state == "SUCCEEDED", 30, what="the first run")
+    rclient.lpush(lk, msg, msg)  # two more deliveries of the very same message
+    wait_for(lambda: w.output().count("completed already") >= 2, 20, what="both copies skipped")
+    assert ran(rclient, prefix) == [h.id]
+    assert rclient.llen(lk) == 0
+    # a task sent with plain apply_async (no record) just runs
+    plain = app.send_task("e2e.mark", queue=queue)
+    wait_for(lambda: plain.id in ran(rclient, prefix), 20, what="the plain task")
+    assert not rclient.exists(store.keys.shard(store.shard_of(plain.id)).job(plain.id))
