@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
+from conftest import make_app
+from helpers import WorkerProcess, ran, wait_for
 
 from celery_delayed import apply_later, get_store
 from celery_delayed.ledger import BUSY, DONE, RUN, Execution, Ledger
-from conftest import make_app
-from helpers import WorkerProcess, ran, wait_for
 
 
 def _release_all(app) -> int:
