@@ -39,6 +39,11 @@ def test_demo_runs_every_task_once(redis_url: str) -> None:
     assert "(executed anyway: 0)" in out
     assert re.search(r"^lateness\s+p50 [\d.]+ ms\s+p99 [\d.]+ ms\s+max [\d.]+ ms", out, re.MULTILINE)
     assert out.rstrip().splitlines()[-1].startswith("done in")
+    pids = [int(p) for p in re.findall(r"^(?:worker|scheduler) .*\(pid (\d+)\)$", out, re.MULTILINE)]
+    assert len(pids) == 2
+    for pid in pids:  # the demo stopped (and reaped) the worker and the scheduler
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
     # On a shared Redis (REDIS_URL) the demo removes its own keys.
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     assert not list(client.scan_iter(match="*demo-*", count=1000))
@@ -48,13 +53,17 @@ def test_demo_runs_every_task_once(redis_url: str) -> None:
     (["--tasks", "0"], "--tasks: must be between 1 and 1000000, got 0"),
     (["--tasks", "many"], "--tasks: must be a whole number, got 'many'"),
     (["--spread", "nan"], "--spread: must be between 0 and 3600 seconds, got nan"),
-    (["--spread", "-1"], "--spread: must be between 0 and 3600 seconds, got -1"),
+    (["--spread=-1"], "--spread: must be between 0 and 3600 seconds, got -1"),
 ])
-def test_demo_rejects_bad_options(args: list[str], message: str) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "example_project.demo", *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=30,
-    )
-    assert proc.returncode == 2
-    assert message in proc.stderr
-    assert "redis" not in proc.stdout  # it stopped before starting anything
+def test_demo_rejects_bad_options(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    sys.path.insert(0, str(ROOT))
+    try:
+        from example_project.demo import main
+    finally:
+        sys.path.remove(str(ROOT))
+    with pytest.raises(SystemExit) as exc:
+        main(args)  # argument errors come before anything is started
+    assert exc.value.code == 2
+    out = capsys.readouterr()
+    assert message in out.err
+    assert out.out == ""
