@@ -354,3 +354,46 @@ def test_apply_later_message_equals_apply_async(redis_url: str, uid: str, client
     mine = json.loads(p.job.fields["msg"])
     assert mine["headers"].pop("delayed_shard") == p.job.shard
     assert_same_envelope(json.loads(raw), mine)
+
+
+TRICKY_ARGS: list[tuple[tuple[Any, ...], dict[str, Any]]] = [
+    ((1,), {}),
+    ((2, "plain"), {"b": "x"}),
+    (("it's", 'say "hi"', "back\\slash", "tab\tnl\n", "ünï😀"), {}),
+    ((10**30, -0.0, 1e300, 2.5e-10, True, None), {"z": False}),
+    (([1, [2, [3, {"k": (4, 5)}]]],), {"nested": {"a": [None, {}], "é": "ß"}}),
+    (("x" * 3000,), {"long": list(range(300))}),
+    ((), {}),
+    ((float("nan"),), {}),
+    (({"b": 1, "a": 2},), {"order": {"z": 1, "a": 0}}),
+]
+
+
+def test_repeated_calls_match_apply_async(redis_url: str, uid: str, client: redis.Redis) -> None:
+    """Many calls of one task and option set (the shape a cached envelope template serves)."""
+    from celery_delayed import DelayedTask
+    from celery_delayed.api import prepare
+
+    app = make_app(redis_url, uid)
+
+    @app.task(base=DelayedTask, name="tests.message.rep", shared=False)
+    def rep(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    for opts in ({}, {"priority": 5, "headers": {"h": "v"}}, {"queue": f"q{uid}", "time_limit": 9}):
+        for i, (args, kwargs) in enumerate(TRICKY_ARGS * 2):
+            tid = f"id-{i}-{uuid.uuid4()}"
+            before = {str(k) for k in client.keys("*")}
+            rep.apply_async(args, kwargs, task_id=tid, **opts)
+            [(key, [raw])] = _lists(client, before).items()
+            client.delete(key)
+            p = prepare(app, rep.name, args, kwargs, 5, task_id=tid, task_type=rep,
+                        options=task_defaults(rep) | opts)
+            assert key == p.job.fields["lk"]
+            mine = json.loads(p.job.fields["msg"])
+            assert mine["headers"].pop("delayed_shard") == p.job.shard
+            assert mine["properties"]["delivery_tag"] != json.loads(raw)["properties"]["delivery_tag"]
+            theirs = json.loads(raw)
+            assert mine["body"] == theirs["body"] or json.loads(_body(mine)) == json.loads(_body(theirs))
+            mine["body"] = theirs["body"]
+            assert_same_envelope(theirs, mine)
