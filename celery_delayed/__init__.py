@@ -7,7 +7,9 @@ atomically with Lua scripts.
 
 from __future__ import annotations
 
+from . import intercept  # noqa: F401  (installs delayed_intercept_eta on app finalize)
 from .api import apply_later, apply_later_many, cancel, cancel_by_key, job_id_for_key, reschedule
+from .backoff import Backoff, compute_backoff
 from .config import DelayedConfig, get_config
 from .errors import (
     ConfigurationError,
@@ -24,10 +26,12 @@ from .errors import (
     UnknownTask,
 )
 from .result import DelayedResult
+from .retrying import RetryMixin
 from .store import Store, get_store
 from .task import DelayedTask
 
 __all__ = [
+    "Backoff",
     "ConfigurationError",
     "DelayedConfig",
     "DelayedError",
@@ -40,6 +44,7 @@ __all__ = [
     "JobNotFound",
     "LeaseLost",
     "PayloadTooLarge",
+    "RetryMixin",
     "SerializationError",
     "Store",
     "StoreUnavailable",
@@ -48,6 +53,7 @@ __all__ = [
     "apply_later_many",
     "cancel",
     "cancel_by_key",
+    "compute_backoff",
     "get_config",
     "get_store",
     "job_id_for_key",

@@ -140,3 +140,4 @@ def cancel(ctx: click.Context, job_id: str) -> None:
 
 def main() -> None:  # pragma: no cover - convenience for `python -m celery_delayed.cli`
     sys.exit(delayed())
+from . import cli_dlq  # noqa: E402,F401  (registers `delayed dlq ...` on the group above)

@@ -1,0 +1,165 @@
+"""Opt-in: route every ``apply_async(eta=/countdown=)`` and ``Task.retry`` through the store.
+
+With ``delayed_intercept_eta = True`` an app adopts celery-delayed without
+changing its call sites: a task sent with a delay of at least
+``delayed_intercept_min_delay_s`` is stored (and released by the scheduler
+when due) instead of being published at once as a broker ETA message.
+
+The seam is ``app.send_task``: ``Task.apply_async``, ``Signature.apply_async``,
+``Task.retry`` (which re-sends its signature) and ``app.send_task`` by name
+all end there, with the delay still as ``countdown``/``eta`` arguments and
+before any message exists. (``before_task_publish`` comes too late: a signal
+handler cannot drop the message.) :func:`install` wraps it on the app
+instance; it runs by itself when an app with the setting is finalized in a
+process that imported ``celery_delayed``, and can be called explicitly::
+
+    app.conf.delayed_intercept_eta = True
+    celery_delayed.intercept.install(app)   # or just import celery_delayed first
+
+A call with ``retries`` > 0 (``Task.retry``) keeps its task id: the store
+schedules the next attempt on the job's record (``retry.lua``), whatever
+state a previous attempt left it in, unless the job was cancelled. Other
+calls become new jobs (``apply_later``); a task id that is still pending in
+the store raises ``DuplicateJob``. Options that only say how to publish
+(producer, connection, retry_policy, ...) do not apply to a stored job and
+are dropped; a call with any option celery-delayed cannot store is sent to
+the broker as before, with a warning.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from celery import Celery
+from celery._state import connect_on_app_finalize
+
+from .api import apply_later
+from .config import get_config
+from .errors import InvalidState
+from .message import MESSAGE_OPTIONS
+from .result import DelayedResult
+from .retrying import SHARD_HEADER, build_attempt, store_retry
+from .store import get_store
+from .timeutil import due_spec
+
+logger = logging.getLogger("celery_delayed.intercept")
+
+_MARK = "_celery_delayed_intercepted"
+#: send_task options that only concern publishing; a stored job has no use for them.
+PUBLISH_ONLY = frozenset({
+    "producer", "connection", "router", "result_cls", "publisher", "add_to_parent", "route_name",
+    "replaced_task_nesting", "retry", "retry_policy", "mandatory", "immediate", "declare", "origin",
+    "redelivered", "stamped_headers",
+})
+
+
+def installed(app: Celery) -> bool:
+    """Whether :func:`install` wrapped this app's ``send_task``."""
+    return bool(getattr(app, _MARK, False))
+
+
+def install(app: Celery) -> None:
+    """Wrap ``app.send_task`` so delayed sends go through the store (idempotent).
+
+    Honours ``delayed_intercept_eta`` at call time: with it False the wrapper
+    passes every call through unchanged.
+    """
+    if installed(app):
+        return
+    original = app.send_task
+
+    @functools.wraps(original)
+    def send_task(name: str, args: Any = None, kwargs: Any = None, countdown: float | None = None,
+                  eta: Any = None, task_id: str | None = None, **options: Any) -> Any:
+        stored = _maybe_store(app, name, args, kwargs, countdown, eta, task_id, options)
+        if stored is not None:
+            return stored
+        return original(name, args, kwargs, countdown=countdown, eta=eta, task_id=task_id, **options)
+
+    app.send_task = send_task
+    setattr(app, _MARK, True)
+
+
+def delay_of(app: Celery, countdown: float | None, eta: Any) -> float | None:
+    """Seconds from now (this host's clock) until the call's eta/countdown, or None for none."""
+    if eta is not None:
+        when = datetime.fromisoformat(eta) if isinstance(eta, str) else eta
+        if not isinstance(when, datetime):
+            return None
+        if when.tzinfo is None or when.utcoffset() is None:
+            from .timeutil import _localize
+
+            when = _localize(when, app.timezone)
+        return (when - datetime.now(tz=when.tzinfo)).total_seconds()
+    if countdown is None:
+        return None
+    try:
+        return float(countdown)
+    except (TypeError, ValueError):
+        return None
+
+
+def _maybe_store(app: Celery, name: str, args: Any, kwargs: Any, countdown: float | None, eta: Any,
+                 task_id: str | None, options: Mapping[str, Any]) -> Any:
+    if not app.conf.get("delayed_intercept_eta", False):
+        return None
+    delay = delay_of(app, countdown, eta)
+    if delay is None:
+        return None
+    cfg = get_config(app)
+    if not cfg.intercept_eta or delay < cfg.intercept_min_delay_s:
+        return None
+    unknown = set(options) - MESSAGE_OPTIONS - PUBLISH_ONLY - {"retries", "task_type", "task_id"}
+    if unknown:
+        logger.warning("%s sent to the broker with its eta: celery-delayed cannot store option(s) %s",
+                       name, sorted(unknown))
+        return None
+    opts = {k: v for k, v in options.items() if k in MESSAGE_OPTIONS and v is not None}
+    task_type = options.get("task_type") or app.tasks.get(name)
+    when: Any = eta if eta is not None else countdown
+    if isinstance(when, str):
+        when = datetime.fromisoformat(when)
+    retries = int(options.get("retries") or 0)
+    if retries <= 0:
+        return apply_later(app, name, args, kwargs, when, task_id=task_id, strict=False, **opts)
+    return _store_retry(app, name, args or (), kwargs or {}, when, str(task_id), retries, opts, task_type)
+
+
+def _store_retry(app: Celery, name: str, args: Any, kwargs: Any, when: Any, task_id: str, retries: int,
+                 opts: dict[str, Any], task_type: Any) -> DelayedResult:
+    """Task.retry(countdown=) of any task: the next attempt on the job's record."""
+    store = get_store(app)
+    headers = opts.get("headers") or {}
+    shard = headers.get(SHARD_HEADER) if isinstance(headers, Mapping) else None
+    if app.current_worker_task is not None and shard is None:
+        shard = getattr(app.current_worker_task.request, SHARD_HEADER, None)
+    try:
+        s = int(shard) if shard is not None else store.shard_of(task_id)
+    except (TypeError, ValueError):
+        s = store.shard_of(task_id)
+    if not 0 <= s < store.config.shards:
+        s = store.shard_of(task_id)
+    due = due_spec(when, app.timezone)
+    fields = build_attempt(app, store, name, args, kwargs, task_id, s, opts, task_type, retries)
+    code, state, due_ms = store_retry(store, task_id, s, due, retries, fields)
+    if code < 0:
+        raise InvalidState(task_id, state, "retry")
+    return DelayedResult(task_id, store=store, shard=s, due_ms=due_ms, created=code == 1)
+
+
+def _install_when_enabled(app: Celery) -> None:
+    # Runs for every app finalized after celery_delayed was imported; an app
+    # without the setting is left alone (and its configuration not validated).
+    try:
+        enabled = bool(app.conf.get("delayed_intercept_eta", False))
+    except Exception:  # a configuration that cannot be read yet: not ours to judge
+        return
+    if enabled:
+        install(app)
+
+
+connect_on_app_finalize(_install_when_enabled)

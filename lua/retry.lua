@@ -1,0 +1,57 @@
+--[[ retry: schedule the next attempt of a job that is running (or was released).
+
+The next attempt's message (same task id and arguments, `retries` header
+raised) replaces the job's message, and the job is indexed again in the due
+set: one script, so the attempt is either scheduled or not, never both queued
+and scheduled. A job with no record (sent to the broker without the store) gets
+one.
+
+KEYS[1]  due set base      {p}:{s}:due
+KEYS[2]  bucket index      {p}:{s}:buckets
+KEYS[3]  next due key      {p}:{s}:next
+KEYS[4]  in-flight set     {p}:{s}:inflight
+KEYS[5]  job record        {p}:{s}:job:<id>
+ARGV[1]  job id
+ARGV[2]  due: '<ms>' epoch ms, or '+<ms>' a delay added to now
+ARGV[3]  bucket width, ms (0 = one due set)
+ARGV[4]  wake channel      {p}:wake
+ARGV[5]  shard number
+ARGV[6]  now, epoch ms ('' = the Redis server's TIME)
+ARGV[7]  retries: the new message's `retries` header (1 for the first retry)
+ARGV[8]  start of the attempt that failed, epoch ms ('' = now)
+ARGV[9]  execution owner token (worker side lease, `lo`; '' = no check)
+ARGV[10] F, the number of record fields that follow
+ARGV[11 .. 10+F]     field names (task, q, ex, rk, msg, lk, bx, ps, ev, etype, ...)
+ARGV[11+F .. 10+2F]  their values ('' removes the field)
+
+Returns {code, previous state, due ms}:
+   1  scheduled (previous state QUEUED, CLAIMED, RUNNING, or '' for a new record)
+   2  it is SCHEDULED already (a duplicate delivery retried first): nothing changed
+  -1  it is CANCELLED or finished (state says which): nothing changed
+  -3  it is RUNNING under another execution's lease: nothing changed
+]]
+-- @include "common"
+-- @include "dlq"
+
+local jk, id = KEYS[5], ARGV[1]
+local st, old_due = unpack(redis.call('HMGET', jk, 'st', 'due'))
+if st == 'SCHEDULED' then return {2, st, tonumber(old_due)} end
+if st and not FAILABLE[st] then return {-1, st, 0} end
+if not owns(jk, st, ARGV[9]) then return {-3, st, 0} end
+local now = now_ms(ARGV[6])
+local spec, bucket_ms = ARGV[2], tonumber(ARGV[3])
+local due
+if string.sub(spec, 1, 1) == '+' then due = now + tonumber(string.sub(spec, 2)) else due = tonumber(spec) end
+local started = attempt_started(jk, st, ARGV[8], now)
+
+if not st then redis.call('HSET', jk, 'created', now) end
+set_fields(jk, 11, tonumber(ARGV[10]))
+drop_lease(jk)
+redis.call('HSET', jk, 'st', 'SCHEDULED', 'due', due, 'retries', ARGV[7], 'last_at', started)
+redis.call('HSETNX', jk, 'first_at', started)
+redis.call('HDEL', jk, 'released')
+redis.call('PERSIST', jk)  -- a released record was set to expire
+redis.call('ZREM', KEYS[4], id)  -- a CLAIMED job: its late ack must not touch it
+due_add(KEYS[1], KEYS[2], id, due, bucket_ms)
+maybe_wake(KEYS[3], ARGV[4], ARGV[5], due)
+return {1, st or '', due}

@@ -1,0 +1,149 @@
+"""Retries through the store: retry.lua on a real Redis, and real workers retrying with backoff."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from celery_delayed import apply_later, get_store
+from celery_delayed.backoff import Backoff, rng_for
+from celery_delayed.retrying import store_fail, store_retry
+from conftest import make_app
+from helpers import SchedulerProcess, WorkerProcess, wait_for
+
+SEED = 20261130
+
+
+def runs(client: Any, prefix: str, job_id: str) -> list[tuple[int, float]]:
+    """(retries, time) of each recorded run of one job."""
+    out = []
+    for entry in client.lrange(f"{prefix}:ran", 0, -1):
+        jid, _pid, retries, at = str(entry).split("|")
+        if jid == job_id:
+            out.append((int(retries), float(at)))
+    return out
+
+
+class QueueWatch:
+    """Polls a queue's Redis list and kombu's unacked hash (messages a worker holds).
+
+    A broker ETA message would sit in the worker's hands (the unacked hash)
+    for its whole delay; a store retry appears there only while it runs.
+    """
+
+    def __init__(self, client: Any, key: str, job_id: str) -> None:
+        self.client, self.key, self.job_id = client, key, job_id
+        self.seen: dict[str, dict[str, Any]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            raws = list(self.client.lrange(self.key, 0, -1))
+            raws += [json.dumps(json.loads(v)[0]) for v in self.client.hvals("unacked")]
+            for raw in raws:
+                env = json.loads(raw)
+                if env["headers"].get("id") == self.job_id:
+                    self.seen[env["properties"]["delivery_tag"]] = env["headers"]
+            time.sleep(0.005)
+
+    def stop(self) -> list[dict[str, Any]]:
+        self._stop.set()
+        self._thread.join(2)
+        return list(self.seen.values())
+
+
+def _job(store: Any, job_id: str) -> dict[str, str]:
+    return store.get(job_id)
+
+
+# -- retry.lua ------------------------------------------------------------------
+
+
+def test_retry_script_reschedules_a_released_job(app, rclient):
+    store = get_store(app)
+    h = apply_later(app, "x.task", args=(1,), when=0, strict=False)
+    batch = store.release_due(h.shard, now_ms=store.now_ms() + 10)
+    assert batch.ids == [h.id]
+    assert rclient.pttl(store.keys.shard(h.shard).job(h.id)) > 0
+    code, prev, due = store_retry(store, h.id, h.shard, "+5000", 1, {"msg": "M", "etype": "E"}, now_ms=1000)
+    assert (code, prev, due) == (1, "QUEUED", 6000)
+    rec = _job(store, h.id)
+    assert rec["st"] == "SCHEDULED" and rec["retries"] == "1" and rec["due"] == "6000" and rec["etype"] == "E"
+    assert rclient.pttl(store.keys.shard(h.shard).job(h.id)) == -1  # no longer expiring
+    assert rclient.zscore(store.keys.shard(h.shard).due, h.id) == 6000
+    # a second retry of the same attempt (duplicate delivery) changes nothing
+    assert store_retry(store, h.id, h.shard, "+1", 1, {"msg": "N"}, now_ms=2000)[0] == 2
+    assert rclient.hget(store.keys.shard(h.shard).job(h.id), "msg") == "M"
+
+
+def test_retry_script_refuses_cancelled_and_foreign_lease(app, rclient):
+    store = get_store(app)
+    h = apply_later(app, "x.task", when=60, strict=False)
+    store.cancel(h.id)
+    assert store_retry(store, h.id, h.shard, "+1", 1, {"msg": "M"})[:2] == (-1, "CANCELLED")
+    jk = store.keys.shard(h.shard).job("running-1")
+    rclient.hset(jk, mapping={"st": "RUNNING", "lo": "owner-a", "lu": "1"})
+    assert store_retry(store, "running-1", h.shard, "+1", 1, {"msg": "M"}, owner="owner-b")[0] == -3
+    assert store_retry(store, "running-1", h.shard, "+1", 1, {"msg": "M"}, owner="owner-a")[0] == 1
+    assert rclient.hmget(jk, "st", "lo", "lu") == ["SCHEDULED", None, None]
+
+
+def test_retry_script_creates_a_missing_record_and_fail_marks_failed(app, rclient):
+    store = get_store(app)
+    code, prev, _ = store_retry(store, "fresh", 0, "+100", 2, {"msg": "M", "task": "t"})
+    assert (code, prev) == (1, "")
+    rec = _job(store, "fresh")
+    assert rec["st"] == "SCHEDULED" and rec["retries"] == "2" and "created" in rec
+    assert store_fail(store, "fresh", 0, {"etype": "E"})[0] == -1  # a retry is pending
+    jk = store.keys.shard(0).job("gone-wrong")
+    rclient.hset(jk, mapping={"st": "QUEUED", "msg": "M"})
+    assert store_fail(store, "gone-wrong", 0, {"etype": "KeyError", "emsg": "x"}) == (1, "QUEUED")
+    assert rclient.hmget(jk, "st", "etype", "msg") == ["FAILED", "KeyError", None]
+    assert rclient.pttl(jk) > 0
+
+
+# -- real workers ------------------------------------------------------------------
+
+
+def _start(redis_url: str, uid: str, workers: list[Any], **conf: Any) -> tuple[Any, str, str]:
+    conf = {"imports": ["retry_tasks"], **conf}
+    app = make_app(redis_url, uid, **conf)
+    prefix, queue = app.conf.delayed_key_prefix, app.conf.task_default_queue
+    w = WorkerProcess(redis_url, prefix, queue, conf=conf, concurrency=1, pool="solo")
+    workers.append(w)
+    workers.append(SchedulerProcess(redis_url, prefix, queue, conf=conf))
+    w.wait_ready()
+    return app, prefix, queue
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(90)
+def test_fails_twice_then_succeeds_with_the_documented_delays(redis_url, uid, workers, rclient):
+    conf = {"delayed_backoff": "equal", "delayed_backoff_base_s": 1.0, "delayed_backoff_seed": SEED}
+    app, prefix, queue = _start(redis_url, uid, workers, **conf)
+    h = apply_later(app, "rt.flaky", args=(2,), when=0.3, strict=False)
+    watch = QueueWatch(rclient, queue, h.id)
+    wait_for(lambda: len(runs(rclient, prefix, h.id)) >= 3, 30, what="three runs")
+    time.sleep(0.3)
+    seen = watch.stop()
+    got = runs(rclient, prefix, h.id)
+    assert [r for r, _ in got] == [0, 1, 2], got  # the retries header of each attempt
+    # The documented delays: equal jitter, base 1 s, factor 2, seeded per job and retry.
+    policy = Backoff("equal", 1.0, 2.0, 600.0)
+    expected = [policy.delay(n, rng=rng_for(SEED, h.id, n)) for n in (1, 2)]
+    gaps = [got[1][1] - got[0][1], got[2][1] - got[1][1]]
+    print(f"expected delays {expected}, observed gaps {gaps}")
+    for want, gap in zip(expected, gaps, strict=True):
+        assert want <= gap <= want + 0.75, (expected, gaps)
+    # Every message of this job that appeared in the queue was due (no eta) and
+    # carried its attempt in the retries header.
+    assert sorted(hd["retries"] for hd in seen) == [0, 1, 2], seen
+    assert all(hd.get("eta") is None for hd in seen), seen
+    rec = get_store(app).get(h.id)
+    assert rec["retries"] == "2" and rec["etype"].endswith("Flaky")
