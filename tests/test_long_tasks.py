@@ -1,0 +1,86 @@
+"""Long tasks and crashed workers, with real worker processes on the Redis broker.
+
+kombu's Redis transport redelivers a message left unacknowledged longer than
+``visibility_timeout``; with ``acks_late`` a task that runs longer than that
+runs again. DelayedTask's execution lease (extended by a heartbeat while the
+body runs) makes the redelivery wait and then skip; a worker killed mid-task
+stops the heartbeat, so its redelivery takes the job over once the lease passes.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+from celery import Celery
+from conftest import make_app
+from helpers import WorkerProcess, ran, wait_for
+
+from celery_delayed import apply_later, get_store
+
+pytestmark = pytest.mark.e2e
+
+VISIBILITY_S = 2
+#: kombu's restore sweep: every second, a scan on each sweep (see issue 4's note on the throttle).
+TRANSPORT = {"visibility_timeout": VISIBILITY_S, "unacked_restore_interval": 1, "unacked_restore_throttle": 1}
+CONF = {
+    "imports": ["worker_side_tasks"],
+    "task_acks_late": True,
+    "worker_prefetch_multiplier": 1,
+    "broker_transport_options": TRANSPORT,
+    "delayed_exec_lease_ms": 1000,
+}
+
+
+def _release_all(app: Celery) -> list[str]:
+    store = get_store(app)
+    return [jid for s in range(store.config.shards) for jid in store.release_due(s).ids]
+
+
+def _started(rclient, prefix: str) -> list[tuple[str, str]]:
+    return [tuple(x.split("|")[:2]) for x in rclient.lrange(f"{prefix}:started", 0, -1)]
+
+
+@pytest.mark.timeout(90)
+def test_task_running_3x_the_visibility_timeout_runs_once_plain_celery_twice(redis_url, uid, rclient, workers):
+    app = make_app(redis_url, uid, **CONF)
+    prefix, queue = app.conf.delayed_key_prefix, app.conf.task_default_queue
+    seconds = 3 * VISIBILITY_S + 0.5
+    h = apply_later(app, "ws.slow", (seconds,), when=0, strict=False)
+    assert _release_all(app) == [h.id]
+    plain = app.send_task("ws.plain_slow", (seconds,), queue=queue)  # the same body on a plain Task
+    w = WorkerProcess(redis_url, prefix, queue, conf=CONF, concurrency=4)
+    workers.append(w)
+
+    wait_for(lambda: h.job_state == "SUCCEEDED", 40, what="the delayed job to succeed")
+    wait_for(lambda: ran(rclient, prefix).count(plain.id) >= 2, 30, what="the plain task's second run")
+    # every redelivery of the delayed job found the lease held, waited, then skipped it
+    assert "is running elsewhere" in w.output()
+    wait_for(lambda: "completed already" in w.output(), 15, what="the waiting copy to be skipped")
+    runs = collections.Counter(ran(rclient, prefix))
+    starts = collections.Counter(j for j, _ in _started(rclient, prefix))
+    assert runs[h.id] == 1 and starts[h.id] == 1, "the delayed job ran more than once"
+    assert runs[plain.id] >= 2 and starts[plain.id] >= 2, "plain Celery did not run it twice here"
+    assert h.job()["att"] == "1"
+
+
+@pytest.mark.timeout(90)
+def test_worker_killed_mid_task_its_job_is_completed_by_another_worker(redis_url, uid, rclient, workers):
+    app = make_app(redis_url, uid, **CONF)
+    prefix, queue = app.conf.delayed_key_prefix, app.conf.task_default_queue
+    h = apply_later(app, "ws.slow", (2.0,), when=0, strict=False)
+    assert _release_all(app) == [h.id]
+    w1 = WorkerProcess(redis_url, prefix, queue, conf=CONF, concurrency=1)
+    workers.append(w1)
+    wait_for(lambda: _started(rclient, prefix), 30, what="the body to start on the first worker")
+    assert h.job_state == "RUNNING"
+    w1.kill()  # SIGKILL, the whole process group: no ack, no heartbeat any more
+
+    w2 = WorkerProcess(redis_url, prefix, queue, conf=CONF, concurrency=1)
+    workers.append(w2)
+    wait_for(lambda: h.job_state == "SUCCEEDED", 40, what="the second worker to complete the job")
+    starts = _started(rclient, prefix)
+    assert [j for j, _ in starts] == [h.id, h.id] and starts[0][1] != starts[1][1]
+    assert ran(rclient, prefix) == [h.id]  # the killed run never reached its end
+    rec = h.job()
+    assert rec["att"] == "2" and rec["wk"] == w2.name
