@@ -1,0 +1,309 @@
+"""Fault-injection harness: real schedulers and workers against a private redis-server.
+
+A :class:`FaultRun` owns one redis-server (optionally with ``appendonly yes``
+and ``appendfsync everysec``, restartable on the same port), starts
+``celery delayed run`` schedulers and ``celery worker`` processes of
+``fault_app`` as subprocesses, schedules ``fault.run`` jobs through the real
+``apply_later_many``, lets a scenario inject faults, and then measures:
+
+- executions per job, from the run log file that every task body appends to
+  (the ground truth even when Redis loses data);
+- the store's consistency (:meth:`FaultRun.store_problems`): no job both in
+  a due index and in flight, every SCHEDULED record indexed, every CLAIMED
+  record in flight, every indexed or in-flight id backed by a record in the
+  matching state.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import random
+import re
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+from celery import Celery
+from conftest import make_app
+from helpers import _env, _Proc, wait_for
+from redis_server import RedisServer
+
+from celery_delayed import apply_later_many
+from celery_delayed.store import Store
+
+HERE = Path(__file__).parent
+TESTS = HERE.parent
+TASK = "fault.run"
+_RECEIVED = re.compile(r"Task fault\.run\[([^\]]+)\] received")
+
+
+def _fault_env(broker: str, prefix: str, queue: str, conf: dict[str, Any], runlog: Path,
+               store: str | None = None, extra_env: dict[str, str] | None = None) -> dict[str, str]:
+    env = _env(broker, prefix, queue, store, conf)
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE), env["PYTHONPATH"]])
+    env["FAULT_RUNLOG"] = str(runlog)
+    env.update(extra_env or {})
+    return env
+
+
+class FaultProc(_Proc):
+    """A ``celery -A fault_app ...`` subprocess in its own process group."""
+
+    def __init__(self, kind: str, args: list[str], env: dict[str, str], launcher: list[str] | None = None) -> None:
+        self.kind = kind
+        base = launcher or [sys.executable, "-m", "celery"]
+        super().__init__([*base, "-A", "fault_app", *args], env)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+
+@dataclass
+class Outcome:
+    """What one scenario measured."""
+
+    scenario: str
+    jobs: int
+    faults: int = 0
+    executed: int = 0  # jobs whose body ended at least once
+    lost: int = 0  # jobs that never ran and are not in the store either
+    duplicated: int = 0  # jobs whose body ended more than once
+    delivered_twice: int = 0  # jobs whose message reached a worker more than once
+    seconds: float = 0.0
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    def report(self) -> None:
+        """Print the line, and append it to $FAULTS_REPORT when set (the docs quote these)."""
+        print(self.line())
+        path = os.environ.get("FAULTS_REPORT")
+        if path:
+            with open(path, "a") as f:
+                f.write(self.line() + "\n")
+
+    def line(self) -> str:
+        extra = "".join(f", {k}={v}" for k, v in self.notes.items())
+        return (f"[faults] {self.scenario}: jobs={self.jobs} faults={self.faults} executed={self.executed} "
+                f"lost={self.lost} duplicated={self.duplicated} delivered_twice={self.delivered_twice} "
+                f"in {self.seconds:.1f}s{extra}")
+
+
+class FaultRun:
+    """One scenario's world: a redis-server, processes, an app to schedule with, a run log."""
+
+    def __init__(self, *, seed: int, appendonly: bool = False, conf: dict[str, Any] | None = None,
+                 redis_args: Iterable[str] = ()) -> None:
+        self.rng = random.Random(seed)
+        self.dir = Path(tempfile.mkdtemp(prefix="celery-delayed-faults-"))
+        self.runlog = self.dir / "runs.log"
+        extra = list(redis_args)
+        if appendonly:
+            extra += ["--appendfsync", "everysec"]
+        self.redis = RedisServer(*extra, appendonly=appendonly)
+        self.uid = uuid.uuid4().hex[:10]
+        self.conf: dict[str, Any] = dict(conf or {})
+        self.procs: list[FaultProc] = []
+        self.app: Celery | None = None
+        self.t0 = time.monotonic()
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    def __enter__(self) -> FaultRun:
+        self.redis.start()
+        self.app = make_app(self.redis.url, self.uid, **self.conf)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for p in self.procs:
+            p.stop(timeout=10)
+            Path(p.log.name).unlink(missing_ok=True)
+        self.redis.stop("kill")
+        shutil.rmtree(self.redis.dir, ignore_errors=True)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    @property
+    def url(self) -> str:
+        return self.redis.url
+
+    @property
+    def prefix(self) -> str:
+        return f"t{self.uid}"
+
+    @property
+    def queue(self) -> str:
+        return f"q{self.uid}"
+
+    def client(self, **kw: Any) -> redis.Redis:
+        return redis.Redis.from_url(self.url, decode_responses=True, **kw)
+
+    def store(self) -> Store:
+        assert self.app is not None
+        return Store(self.app, client=self.client(socket_timeout=5))
+
+    # -- processes -------------------------------------------------------------------
+
+    def env(self, conf: dict[str, Any] | None = None, extra_env: dict[str, str] | None = None) -> dict[str, str]:
+        return _fault_env(self.url, self.prefix, self.queue, self.conf | (conf or {}), self.runlog,
+                          extra_env=extra_env)
+
+    def scheduler(self, conf: dict[str, Any] | None = None, launcher: list[str] | None = None) -> FaultProc:
+        p = FaultProc("scheduler", ["delayed", "run", "-l", "INFO"], self.env(conf), launcher)
+        self.procs.append(p)
+        return p
+
+    def worker(self, *, concurrency: int = 8, pool: str = "threads", conf: dict[str, Any] | None = None,
+               extra: list[str] | None = None) -> FaultProc:
+        name = f"fw{len(self.procs)}-{self.uid}@localhost"
+        args = ["worker", "-l", "INFO", "-c", str(concurrency), "-P", pool, "-n", name, "--without-gossip",
+                "--without-mingle", "--without-heartbeat", "-Q", self.queue, *(extra or [])]
+        p = FaultProc("worker", args, self.env(conf))
+        p.name = name  # type: ignore[attr-defined]
+        self.procs.append(p)
+        return p
+
+    def wait_ready(self, worker: FaultProc, timeout: float = 30) -> None:
+        wait_for(lambda: "ready." in worker.output() or not worker.alive(), timeout, what="worker start")
+        if not worker.alive():
+            raise AssertionError(f"worker exited: {worker.output()[-3000:]}")
+
+    # -- scheduling ------------------------------------------------------------------
+
+    def schedule(self, n: int, start_s: float, spread_s: float, *, chunk: int = 2000,
+                 **call: Any) -> list[str]:
+        """Schedule ``n`` jobs due evenly from ``start_s`` to ``start_s + spread_s`` after now."""
+        assert self.app is not None
+        began = time.monotonic()
+        ids: list[str] = []
+        for lo in range(0, n, chunk):
+            elapsed = time.monotonic() - began
+            calls = [{"args": (i,), "when": max(0.0, start_s + spread_s * i / n - elapsed), **call}
+                     for i in range(lo, min(n, lo + chunk))]
+            ids += [h.id for h in apply_later_many(self.app, TASK, calls, strict=False)]
+        return ids
+
+    # -- measuring -------------------------------------------------------------------
+
+    def runs(self, kind: str = "done") -> list[tuple[str, int, int, float]]:
+        """(job id, pid, retries, time) per line of the run log of this kind."""
+        if not self.runlog.exists():
+            return []
+        out = []
+        for line in self.runlog.read_text().splitlines():
+            parts = line.split()
+            if len(parts) == 5 and parts[0] == kind:
+                out.append((parts[1], int(parts[2]), int(parts[3]), float(parts[4])))
+        return out
+
+    def counts(self) -> collections.Counter[str]:
+        return collections.Counter(r[0] for r in self.runs())
+
+    def deliveries(self) -> collections.Counter[str]:
+        """Messages of ``fault.run`` that reached a worker, per job id (from the workers' logs).
+
+        Counted before the worker-side ledger can drop a duplicate, so this is
+        the measure of "enqueued twice".
+        """
+        out: collections.Counter[str] = collections.Counter()
+        for p in self.procs:
+            if p.kind == "worker":
+                out.update(_RECEIVED.findall(p.output()))
+        return out
+
+    def wait_executed(self, ids: Iterable[str], timeout: float, also: Callable[[], bool] | None = None) -> bool:
+        """Wait until every id ran at least once; False (not an error) on timeout."""
+        want = set(ids)
+        try:
+            wait_for(lambda: want <= set(self.counts()) and (also is None or also()), timeout, interval=0.25,
+                     what=f"{len(want)} jobs to run")
+        except AssertionError:
+            return False
+        return True
+
+    def outcome(self, scenario: str, ids: list[str], faults: int, *, exclude: Iterable[str] = ()) -> Outcome:
+        """Count executed / lost / duplicated jobs of ``ids`` (``exclude``: expected not to run)."""
+        counts = self.counts()
+        delivered = self.deliveries()
+        skip = set(exclude)
+        jobs = [i for i in ids if i not in skip]
+        not_run = [i for i in jobs if counts[i] == 0]
+        lost = len(not_run)
+        if not_run:
+            # A job that did not run but is still in the store is late, not lost.
+            store = self.store()
+            pending = 0
+            for i in not_run:
+                try:
+                    rec = store.get(i)
+                except Exception:
+                    continue
+                if rec.get("st") in ("SCHEDULED", "CLAIMED", "QUEUED", "RUNNING"):
+                    pending += 1
+            lost -= pending
+        return Outcome(scenario, len(jobs), faults, sum(1 for i in jobs if counts[i] > 0), lost,
+                       sum(1 for i in jobs if counts[i] > 1), sum(1 for i in jobs if delivered[i] > 1),
+                       time.monotonic() - self.t0)
+
+    def store_problems(self) -> list[str]:
+        """Inconsistencies of the store (an empty list when it is consistent)."""
+        store = self.store()
+        c = store.client
+        problems: list[str] = []
+        for s in range(store.config.shards):
+            sk = store.keys.shard(s)
+            due_keys = [sk.due]
+            if store.config.bucket_ms > 0:
+                due_keys = [str(k) for k in c.zrange(sk.buckets, 0, -1)]
+            due: set[str] = set()
+            for k in due_keys:
+                due |= set(c.zrange(k, 0, -1))
+            inflight = set(c.zrange(sk.inflight, 0, -1))
+            both = due & inflight
+            if both:
+                problems.append(f"shard {s}: {len(both)} jobs both due and in flight")
+            states: dict[str, str | None] = {}
+            prefix = sk.job_prefix
+            keys = list(c.scan_iter(match=f"{prefix}*", count=2000))
+            pipe = c.pipeline(transaction=False)
+            for k in keys:
+                pipe.hget(k, "st")
+            for k, st in zip(keys, pipe.execute(), strict=True):
+                states[k[len(prefix):]] = st
+            for i in due:
+                if states.get(i) != "SCHEDULED":
+                    problems.append(f"shard {s}: {i} indexed as due but its record is {states.get(i)}")
+            for i in inflight:
+                if states.get(i) not in ("CLAIMED", "CANCELLED"):
+                    problems.append(f"shard {s}: {i} in flight but its record is {states.get(i)}")
+            for i, st in states.items():
+                if st == "SCHEDULED" and i not in due:
+                    problems.append(f"shard {s}: orphan SCHEDULED record {i} (not in the due index)")
+                if st == "CLAIMED" and i not in inflight:
+                    problems.append(f"shard {s}: orphan CLAIMED record {i} (not in flight)")
+        return problems[:50]
+
+    def pending(self) -> int:
+        """Jobs still scheduled or in flight."""
+        rows = self.store().shard_status()
+        return sum(r["pending"] + r["inflight"] for r in rows)
+
+    # -- faults ----------------------------------------------------------------------
+
+    def kill(self, proc: FaultProc) -> None:
+        """SIGKILL the whole process group (a crash: no clean-up, no goodbye)."""
+        if proc.alive():
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.proc.wait(10)
+
+    def restart_redis(self, sig: str, down_s: float = 0.5) -> None:
+        """Stop the redis-server with SIGTERM ('term') or SIGKILL ('kill') and start it again."""
+        self.redis.stop(sig)
+        time.sleep(down_s)
+        self.redis.start()
