@@ -53,6 +53,7 @@ from urllib.parse import urlsplit
 
 import redis
 from celery import Celery
+from kombu.transport.virtual.base import Channel as VirtualChannel
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -327,12 +328,15 @@ class Store:
     ) -> Batch:
         """Direct path: push up to ``limit`` due jobs of ``shard`` onto their queues."""
         sk = self.keys.shard(shard)
-        gkp = (self.app.conf.broker_transport_options or {}).get("global_keyprefix", "") or ""
+        opts = self.app.conf.broker_transport_options or {}
+        gkp = opts.get("global_keyprefix", "") or ""
+        # Where kombu puts a message no queue is bound for (None: it drops it).
+        dead = opts.get("deadletter_queue", VirtualChannel.deadletter_queue) or ""
         reply = self._run(
             self.scripts.release_due,
             [sk.due, sk.buckets, sk.next, sk.lease, sk.dlq],
             [sk.job_prefix, "" if now_ms is None else now_ms, limit or self.config.batch_size,
-             self.config.bucket_ms, owner, fence, self.config.record_ttl_ms, gkp],
+             self.config.bucket_ms, owner, fence, self.config.record_ttl_ms, gkp, dead],
         )
         batch = self._batch(reply)
         rest = reply[5:]

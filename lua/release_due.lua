@@ -18,12 +18,15 @@ ARGV[5]  lease owner token ('' = no lease check)
 ARGV[6]  lease fence
 ARGV[7]  ttl of a released job's record, ms
 ARGV[8]  kombu global_keyprefix ('' for none)
+ARGV[9]  kombu's dead-letter queue for unroutable messages (transport option
+         deadletter_queue; '' or absent = none: the message is dropped, as
+         kombu drops it, and the record is marked reason=UNROUTABLE)
 
 A record's routing fields: lk = the list key to LPUSH (anonymous exchange:
 global_keyprefix + queue + priority suffix); or bx = the exchange's binding
 set, rk = routing key, ps = priority suffix (named direct exchange: pushed
 to every bound queue whose routing key matches, as kombu's DirectExchange;
-none bound: kombu's dead-letter queue 'ae.undeliver'). A record with neither
+none bound: kombu's dead-letter queue, ARGV[9]). A record with neither
 (stored for the publish path) is pushed to global_keyprefix + q.
 
 Returns {code, released, skipped, next_due, now, id1, ev1, id2, ev2, ...}:
@@ -40,7 +43,7 @@ missed max_lateness with misfire 'skip' (SKIPPED) or 'dead' (DEAD).
 local prefix, limit, bucket_ms = ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4])
 if not lease_ok(KEYS[4], ARGV[5], ARGV[6]) then return {-1, 0, 0, -1, 0} end
 local now = now_ms(ARGV[2])
-local ttl, gkp = tonumber(ARGV[7]), ARGV[8]
+local ttl, gkp, dlq = tonumber(ARGV[7]), ARGV[8], ARGV[9] or ''
 local SEP = '\6\22'
 
 local function push_bound(bx, rk, ps, msg)
@@ -54,7 +57,10 @@ local function push_bound(bx, rk, ps, msg)
       pushed = pushed + 1
     end
   end
-  if pushed == 0 then redis.call('LPUSH', gkp .. 'ae.undeliver' .. ps, msg) end
+  if pushed > 0 then return true end
+  if dlq == '' then return false end
+  redis.call('LPUSH', gkp .. dlq .. ps, msg)
+  return true
 end
 
 local ids = take_due(KEYS[1], KEYS[2], bucket_ms, now, limit)
@@ -74,7 +80,9 @@ for _, id in ipairs(ids) do
     if r[3] then
       redis.call('LPUSH', r[3], r[2])
     elseif r[4] then
-      push_bound(r[4], r[5] or '', r[6] or '', r[2])
+      if not push_bound(r[4], r[5] or '', r[6] or '', r[2]) then
+        redis.call('HSET', jk, 'reason', 'UNROUTABLE')
+      end
     else
       redis.call('LPUSH', gkp .. r[8], r[2])
     end

@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import json
 import uuid
+import warnings
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -397,3 +398,26 @@ def test_repeated_calls_match_apply_async(redis_url: str, uid: str, client: redi
             assert mine["body"] == theirs["body"] or json.loads(_body(mine)) == json.loads(_body(theirs))
             mine["body"] = theirs["body"]
             assert_same_envelope(theirs, mine)
+
+
+@pytest.mark.parametrize("dead", [None, "dlq"])
+def test_unroutable_message_on_a_named_exchange(redis_url: str, uid: str, client: redis.Redis,
+                                                 dead: str | None) -> None:
+    """What kombu does when no queue is bound for the routing key (release_due.lua does the same)."""
+    opts = {"deadletter_queue": f"{dead}{uid}"} if dead else {}
+    with Connection(redis_url, transport_options=opts) as conn:
+        Queue(f"bound{uid}", Exchange(f"ex{uid}", type="direct"), routing_key="r1",
+              channel=conn.default_channel).declare()
+    app = _app(redis_url, uid, broker_transport_options=opts)
+    before = {str(k) for k in client.keys("*")}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # kombu's UndeliverableWarning (with a dead-letter queue only)
+        app.send_task(NAME, exchange=f"ex{uid}", routing_key="nobody", priority=9)
+    new = _lists(client, before)
+    if dead:
+        assert list(new) == [f"{dead}{uid}{SEP}9"]
+        client.delete(*new)
+    else:
+        assert new == {}  # dropped
+    built, _ = ours(app, "id", exchange=f"ex{uid}", routing_key="nobody", priority=9)
+    assert built.destination(app.conf) == {"bx": f"_kombu.binding.ex{uid}", "rk": "nobody", "ps": f"{SEP}9"}
