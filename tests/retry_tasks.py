@@ -11,10 +11,10 @@ from typing import Any
 
 from billiard.einfo import ExceptionInfo
 from celery import Task
+from e2e_app import app, record
 
 from celery_delayed import DelayedTask
 from celery_delayed.retrying import RetryMixin
-from e2e_app import app, record
 
 if issubclass(DelayedTask, RetryMixin):
     Base: Any = DelayedTask

@@ -8,12 +8,12 @@ import time
 from typing import Any
 
 import pytest
+from conftest import make_app
+from helpers import SchedulerProcess, WorkerProcess, wait_for
 
 from celery_delayed import apply_later, get_store
 from celery_delayed.backoff import Backoff, rng_for
 from celery_delayed.retrying import store_fail, store_retry
-from conftest import make_app
-from helpers import SchedulerProcess, WorkerProcess, wait_for
 
 SEED = 20261130
 
@@ -147,3 +147,23 @@ def test_fails_twice_then_succeeds_with_the_documented_delays(redis_url, uid, wo
     assert all(hd.get("eta") is None for hd in seen), seen
     rec = get_store(app).get(h.id)
     assert rec["retries"] == "2" and rec["etype"].endswith("Flaky")
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(90)
+def test_retry_later_countdown_and_a_final_failure(redis_url, uid, workers, rclient):
+    app, prefix, _queue = _start(redis_url, uid, workers)
+    store = get_store(app)
+    manual = apply_later(app, "rt.manual", args=(1, 0.8), when=0, strict=False)
+    broken = apply_later(app, "rt.broken", when=0, strict=False)
+    wait_for(lambda: len(runs(rclient, prefix, manual.id)) >= 2, 30, what="the manual retry")
+    got = runs(rclient, prefix, manual.id)
+    assert [r for r, _ in got] == [0, 1]
+    assert 0.8 <= got[1][1] - got[0][1] <= 1.6
+    assert store.get(manual.id)["etype"] == "builtins.ConnectionError"
+    # KeyError is not in autoretry_for: one run, FAILED, not dead-lettered
+    wait_for(lambda: store.get(broken.id).get("st") == "FAILED", 20, what="FAILED")
+    rec = store.get(broken.id)
+    assert rec["etype"] == "builtins.KeyError" and "not retryable" in rec["emsg"] and "KeyError" in rec["tb"]
+    assert len(runs(rclient, prefix, broken.id)) == 1
+    assert rclient.zcard(store.keys.shard(int(rec["shard"])).dlq) == 0
