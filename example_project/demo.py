@@ -310,6 +310,7 @@ def report(o: Outcome, schedule_s: float, spread_s: float) -> None:
     print(f"released    {o.released:>7}")
     print(f"executed    {o.executed:>7}  {'(all)' if o.executed == o.expected else f'(expected {o.expected})'}")
     print(f"duplicates  {o.duplicates:>7}")
+    print(f"machine     {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} (lateness grows with load)")
     if late:
         print(f"lateness    p50 {percentile(late, 50):.1f} ms   p99 {percentile(late, 99):.1f} ms   "
               f"max {late[-1]:.1f} ms   (task start - due time, {len(late)} tasks)")
