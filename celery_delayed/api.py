@@ -32,6 +32,22 @@ def job_id_for_key(idempotency_key: str) -> str:
     return str(uuid.uuid5(IDEMPOTENCY_NAMESPACE, idempotency_key))
 
 
+def _check_arguments(
+    name: str, task_type: Any, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None
+) -> None:
+    """Refuse arguments the task's signature rejects, as ``apply_async`` does (``Task.typing``)."""
+    header = getattr(task_type, "__header__", None) if getattr(task_type, "typing", False) else None
+    if header is None or not isinstance(args or (), (list, tuple)) or not isinstance(kwargs or {}, Mapping):
+        return  # no signature to check; build_message reports wrong container types
+    try:
+        header(*(args or ()), **(kwargs or {}))
+    except TypeError as exc:
+        raise InvalidOption(
+            f"the arguments do not match the signature of {name}: {exc}; fix the call "
+            "(or set typing=False on the task to skip this check)"
+        ) from exc
+
+
 def _check_str(name: str, value: object, limit: int) -> str:
     if not isinstance(value, str):
         raise InvalidOption(f"{name} must be a string, got {type(value).__name__} {value!r}")
@@ -60,6 +76,7 @@ def prepare(
     options = dict(options or {})
     release = release_fields(options, task_type, store.config)  # pops max_lateness / misfire
     check_options(options)
+    _check_arguments(name, task_type, args, kwargs)
     due = due_spec(when, app.timezone)
     if idempotency_key is not None:
         if task_id is not None:

@@ -213,7 +213,7 @@ def test_idempotency_key(tapp: Celery) -> None:
     other = apply_later(tapp, NAME, args=(1,), when=60, idempotency_key="order-43")
     assert other.id != first.id and other.created
     # In one batch: the first item creates it, the repeat returns it.
-    a, b = apply_later_many(tapp, NAME, [{"idempotency_key": "k9"}, {"idempotency_key": "k9"}])
+    a, b = apply_later_many(tapp, NAME, [{"args": (1,), "idempotency_key": "k9"}, {"args": (2,), "idempotency_key": "k9"}])
     assert a.id == b.id and (a.created, b.created) == (True, False)
     assert cancel_by_key(tapp, "order-42") == "SCHEDULED"
     # A cancelled job keeps its key until its record expires: no second job.
@@ -245,7 +245,7 @@ BAD: list[tuple[str, dict[str, Any], type[Exception], str]] = [
     ("eta", {"eta": datetime(2030, 1, 1, tzinfo=timezone.utc)}, InvalidOption, "give the due time as when="),
     ("countdown", {"countdown": 10}, InvalidOption, "give the due time as when="),
     ("unserializable", {"args": (object(),)}, SerializationError, "cannot be serialized"),
-    ("unserializable-kwargs", {"kwargs": {"f": {1, 2}}}, SerializationError, "cannot be serialized"),
+    ("unserializable-kwargs", {"kwargs": {"note": {1, 2}}}, SerializationError, "cannot be serialized"),
     ("too-large", {"args": ("x" * 5000,)}, PayloadTooLarge, "delayed_max_payload_bytes"),
     ("args-type", {"args": "abc"}, InvalidOption, "args must be a list or tuple"),
     ("kwargs-type", {"kwargs": [1]}, InvalidOption, "kwargs must be a mapping"),
@@ -258,6 +258,9 @@ BAD: list[tuple[str, dict[str, Any], type[Exception], str]] = [
     ("priority", {"priority": "urgent"}, InvalidOption, "priority"),
     ("headers", {"headers": [("a", 1)]}, InvalidOption, "headers must be a mapping"),
     ("missing-queue", {"queue": "nowhere"}, InvalidOption, "task_queues"),
+    ("too-many-args", {"args": (1, "a", "b")}, InvalidOption, "do not match the signature of api.remind"),
+    ("unknown-kwarg", {"kwargs": {"colour": 1}}, InvalidOption, "unexpected keyword argument 'colour'"),
+    ("missing-arg", {"args": ()}, InvalidOption, "missing 1 required positional argument"),
 ]
 
 
@@ -296,6 +299,25 @@ def test_one_bad_item_in_a_batch_stores_nothing(
     with pytest.raises(exc, match=needle):
         apply_later_many(tapp, NAME, calls)
     assert keys_of(rclient, tapp) == set()
+
+
+def test_signature_check_follows_task_typing(redis_url: str, uid: str) -> None:
+    app = make_app(redis_url, uid)
+
+    @app.task(base=DelayedTask, name="api.loose", typing=False, shared=False)
+    def loose(a: int) -> None:
+        return None
+
+    @app.task(base=DelayedTask, name="api.bound", bind=True, shared=False)
+    def bound(self: Any, a: int) -> None:
+        return None
+
+    assert loose.apply_later(args=(1, 2, 3), when=60).created  # typing=False: not checked, as apply_async
+    assert bound.apply_later(args=(1,), when=60).created  # self is not counted
+    with pytest.raises(InvalidOption, match="signature"):
+        bound.apply_later(args=(1, 2), when=60)
+    # By name with strict=False nothing is known of the signature: not checked.
+    assert apply_later(app, "api.elsewhere", args=(1, 2, 3), when=60, strict=False).created
 
 
 def test_duplicate_id_in_a_batch(tapp: Celery) -> None:
