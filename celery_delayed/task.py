@@ -162,6 +162,7 @@ class DelayedTask(RetryMixin, Task):  # type: ignore[misc]
             logger.info("Skipping %s[%s]: %s (duplicate delivery)", self.name, req.id, why)
             raise Ignore()
         execution = Execution(req.id, shard, owner, started.attempt)
+        req.delayed_owner = owner  # retrying.py passes it to its scripts, which check the lease
         return self._delayed_run(ledger, execution, args, kwargs)
 
     def _delayed_start(self, ledger: Ledger, job_id: str, shard: int, owner: str, hostname: str) -> Any:
