@@ -71,10 +71,11 @@ def test_installed_wheel_finds_its_lua_scripts(tmp_path: Path, redis_url: str) -
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
     py = env_dir / "bin" / "python"
-    # The venv's own pip is absent (no network, faster); the system pip
-    # installs into the venv when run by the venv's interpreter.
-    _run([str(py), "-m", "pip", "install", "--no-deps", "--no-index", "--ignore-installed", str(wheel)],
-         tmp_path, 120)
+    # The venv gets no pip of its own (no network, faster): the system pip,
+    # run by the venv's interpreter (or told --python), installs into it.
+    has_pip = subprocess.run([str(py), "-m", "pip", "--version"], capture_output=True).returncode == 0
+    pip = [str(py), "-m", "pip"] if has_pip else [sys.executable, "-m", "pip", "--python", str(py)]
+    _run([*pip, "install", "--no-deps", "--no-index", "--ignore-installed", str(wheel)], tmp_path, 120)
 
     outside = tmp_path / "elsewhere"
     outside.mkdir()
