@@ -29,6 +29,10 @@ class _Prepared:
 
 def job_id_for_key(idempotency_key: str) -> str:
     """The job id an idempotency key maps to (stable, uuid5)."""
+    if not isinstance(idempotency_key, str):
+        raise InvalidOption(
+            f"idempotency_key must be a string, got {type(idempotency_key).__name__} {idempotency_key!r}"
+        )
     return str(uuid.uuid5(IDEMPOTENCY_NAMESPACE, idempotency_key))
 
 

@@ -16,8 +16,8 @@ from celery import Celery
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from helpers import WorkerProcess, SchedulerProcess  # noqa: E402
-from redis_server import RedisServer  # noqa: E402
+from helpers import SchedulerProcess, WorkerProcess
+from redis_server import RedisServer
 
 pytest_plugins = ("celery.contrib.pytest",)
 

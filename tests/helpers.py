@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -43,7 +44,8 @@ def _env(broker: str, prefix: str, queue: str, store: str | None, conf: dict[str
 
 class _Proc:
     def __init__(self, args: list[str], env: dict[str, str]) -> None:
-        self.log = tempfile.NamedTemporaryFile(prefix="celery-delayed-", suffix=".log", delete=False)
+        # Kept open for the process's lifetime (and the file after it, for output()).
+        self.log = tempfile.NamedTemporaryFile(prefix="celery-delayed-", suffix=".log", delete=False)  # noqa: SIM115
         self.proc = subprocess.Popen(
             args, env=env, cwd=str(TESTS), stdout=self.log, stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -63,19 +65,15 @@ class _Proc:
 
     def stop(self, timeout: float = 15) -> None:
         if self.proc.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 self.kill()
         # Reap any child left in the process group (prefork children).
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 class WorkerProcess(_Proc):

@@ -6,11 +6,10 @@ import collections
 import time
 
 import pytest
-import redis
+from conftest import make_app
+from helpers import SchedulerProcess, WorkerProcess, ran, wait_for
 
 from celery_delayed import apply_later_many, get_store
-from helpers import SchedulerProcess, WorkerProcess, ran, wait_for
-from conftest import make_app
 
 pytestmark = pytest.mark.e2e
 
