@@ -59,7 +59,7 @@ from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .config import DelayedConfig, get_config
-from .errors import InvalidState, JobNotFound, LeaseLost, StoreUnavailable
+from .errors import InvalidOption, InvalidState, JobNotFound, LeaseLost, StoreUnavailable
 from .keys import Keys, shard_for
 from .scripts import Script, scripts
 
@@ -245,7 +245,12 @@ class Store:
 
         Tries the given shard, then the id's own shard, then (a job scheduled
         with a ``shard_key``) every shard in one round trip.
+
+        Raises:
+            InvalidOption: ``job_id`` is not a non-empty string.
         """
+        if not isinstance(job_id, str) or not job_id:
+            raise InvalidOption(f"a job id must be a non-empty string, got {type(job_id).__name__} {job_id!r}")
         tried = []
         for s in (shard, self.shard_of(job_id)):
             if s is not None and s not in tried:
