@@ -213,7 +213,7 @@ def test_idempotency_key(tapp: Celery) -> None:
     other = apply_later(tapp, NAME, args=(1,), when=60, idempotency_key="order-43")
     assert other.id != first.id and other.created
     # In one batch: the first item creates it, the repeat returns it.
-    a, b = apply_later_many(tapp, NAME, [{"args": (1,), "idempotency_key": "k9"}, {"args": (2,), "idempotency_key": "k9"}])
+    a, b = apply_later_many(tapp, NAME, [{"args": (i,), "idempotency_key": "k9"} for i in (1, 2)])
     assert a.id == b.id and (a.created, b.created) == (True, False)
     assert cancel_by_key(tapp, "order-42") == "SCHEDULED"
     # A cancelled job keeps its key until its record expires: no second job.
@@ -318,6 +318,19 @@ def test_signature_check_follows_task_typing(redis_url: str, uid: str) -> None:
         bound.apply_later(args=(1, 2), when=60)
     # By name with strict=False nothing is known of the signature: not checked.
     assert apply_later(app, "api.elsewhere", args=(1, 2, 3), when=60, strict=False).created
+
+
+@pytest.mark.parametrize("bad", [None, 42, b"id", ""])
+def test_bad_job_ids_for_cancel_reschedule_and_keys(tapp: Celery, bad: Any) -> None:
+    with pytest.raises(InvalidOption, match="job id must be a non-empty string"):
+        cancel(tapp, bad)
+    with pytest.raises(InvalidOption, match="job id must be a non-empty string"):
+        reschedule(tapp, bad, 5)
+    with pytest.raises(InvalidOption, match="job id must be a non-empty string"):
+        get_store(tapp).get(bad)
+    if bad != "":
+        with pytest.raises(InvalidOption, match="idempotency_key must be a string"):
+            cancel_by_key(tapp, bad)
 
 
 def test_duplicate_id_in_a_batch(tapp: Celery) -> None:
