@@ -353,6 +353,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _check_reachable(url: str) -> None:
+    try:
+        redis.Redis.from_url(url, socket_connect_timeout=3).ping()
+    except (redis.RedisError, OSError, ValueError) as exc:
+        raise SetupError(
+            f"cannot reach Redis at {_redact(url)}: {str(exc).rstrip('.')}. Start it, fix REDIS_URL, "
+            "or unset REDIS_URL to let the demo start a private redis-server"
+        ) from exc
+
+
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
@@ -376,6 +386,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             server = RedisServer().start()
             url = server.url
             print(f"redis      private redis-server on {url} (set REDIS_URL to use another)")
+        _check_reachable(url)
         demo = Demo(url, args.tasks, args.spread, args.concurrency, logdir)
         demo.start()
         handles, schedule_s = demo.schedule()
@@ -404,7 +415,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if server is not None:
             print("stopping redis-server ...", flush=True)
             server.stop()
-        if status in (0, 130):
+        if status in (0, 130) or not any(logdir.iterdir()):
             shutil.rmtree(logdir, ignore_errors=True)
         else:
             print(f"logs kept in {logdir}", file=sys.stderr)
