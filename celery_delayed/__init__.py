@@ -7,7 +7,7 @@ atomically with Lua scripts.
 
 from __future__ import annotations
 
-from . import intercept  # noqa: F401  (installs delayed_intercept_eta on app finalize)
+from . import intercept  # noqa: F401  (wraps Celery.send_task for delayed_intercept_eta)
 from .api import apply_later, apply_later_many, cancel, cancel_by_key, job_id_for_key, reschedule
 from .backoff import Backoff, compute_backoff
 from .config import DelayedConfig, get_config

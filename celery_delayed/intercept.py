@@ -5,16 +5,21 @@ changing its call sites: a task sent with a delay of at least
 ``delayed_intercept_min_delay_s`` is stored (and released by the scheduler
 when due) instead of being published at once as a broker ETA message.
 
-The seam is ``app.send_task``: ``Task.apply_async``, ``Signature.apply_async``,
+The seam is ``Celery.send_task``: ``Task.apply_async``, ``Signature.apply_async``,
 ``Task.retry`` (which re-sends its signature) and ``app.send_task`` by name
 all end there, with the delay still as ``countdown``/``eta`` arguments and
 before any message exists. (``before_task_publish`` comes too late: a signal
-handler cannot drop the message.) :func:`install` wraps it on the app
-instance; it runs by itself when an app with the setting is finalized in a
-process that imported ``celery_delayed``, and can be called explicitly::
+handler cannot drop the message; a task base class would miss ``send_task``
+by name and tasks that do not use it.) Importing ``celery_delayed`` wraps
+``Celery.send_task`` once for the process (:func:`install`); the wrapper
+looks at a call only when it carries ``countdown`` or ``eta``, and stores it
+only for an app whose ``delayed_intercept_eta`` is True. So the process that
+sends the tasks must import ``celery_delayed`` (e.g. in the module that
+creates the app); ``celery`` commands (worker, beat) import it through the
+``delayed`` command's entry point::
 
+    import celery_delayed  # noqa: F401
     app.conf.delayed_intercept_eta = True
-    celery_delayed.intercept.install(app)   # or just import celery_delayed first
 
 A call with ``retries`` > 0 (``Task.retry``) keeps its task id: the store
 schedules the next attempt on the job's record (``retry.lua``), whatever
@@ -35,7 +40,6 @@ from datetime import datetime
 from typing import Any
 
 from celery import Celery
-from celery._state import connect_on_app_finalize
 
 from .api import apply_later
 from .config import get_config
@@ -48,40 +52,43 @@ from .timeutil import due_spec
 
 logger = logging.getLogger("celery_delayed.intercept")
 
-_MARK = "_celery_delayed_intercepted"
 #: send_task options that only concern publishing; a stored job has no use for them.
 PUBLISH_ONLY = frozenset({
     "producer", "connection", "router", "result_cls", "publisher", "add_to_parent", "route_name",
     "replaced_task_nesting", "retry", "retry_policy", "mandatory", "immediate", "declare", "origin",
     "redelivered", "stamped_headers",
 })
+_original_send_task: Any = None
 
 
-def installed(app: Celery) -> bool:
-    """Whether :func:`install` wrapped this app's ``send_task``."""
-    return bool(getattr(app, _MARK, False))
+def installed(app: Celery | None = None) -> bool:
+    """Whether the ``send_task`` wrapper is in place (and, given an app, enabled for it)."""
+    if _original_send_task is None:
+        return False
+    return app is None or bool(app.conf.get("delayed_intercept_eta", False))
 
 
-def install(app: Celery) -> None:
-    """Wrap ``app.send_task`` so delayed sends go through the store (idempotent).
+def install() -> None:
+    """Wrap ``Celery.send_task`` so delayed sends of opted-in apps go through the store.
 
-    Honours ``delayed_intercept_eta`` at call time: with it False the wrapper
-    passes every call through unchanged.
+    Idempotent; runs when ``celery_delayed`` is imported. An app without
+    ``delayed_intercept_eta`` is not affected.
     """
-    if installed(app):
+    global _original_send_task
+    if _original_send_task is not None:
         return
-    original = app.send_task
+    original = _original_send_task = Celery.send_task
 
     @functools.wraps(original)
-    def send_task(name: str, args: Any = None, kwargs: Any = None, countdown: float | None = None,
+    def send_task(self: Celery, name: str, args: Any = None, kwargs: Any = None, countdown: Any = None,
                   eta: Any = None, task_id: str | None = None, **options: Any) -> Any:
-        stored = _maybe_store(app, name, args, kwargs, countdown, eta, task_id, options)
-        if stored is not None:
-            return stored
-        return original(name, args, kwargs, countdown=countdown, eta=eta, task_id=task_id, **options)
+        if countdown is not None or eta is not None:
+            stored = _maybe_store(self, name, args, kwargs, countdown, eta, task_id, options)
+            if stored is not None:
+                return stored
+        return original(self, name, args, kwargs, countdown=countdown, eta=eta, task_id=task_id, **options)
 
-    app.send_task = send_task
-    setattr(app, _MARK, True)
+    Celery.send_task = send_task
 
 
 def delay_of(app: Celery, countdown: float | None, eta: Any) -> float | None:
@@ -151,15 +158,4 @@ def _store_retry(app: Celery, name: str, args: Any, kwargs: Any, when: Any, task
     return DelayedResult(task_id, store=store, shard=s, due_ms=due_ms, created=code == 1)
 
 
-def _install_when_enabled(app: Celery) -> None:
-    # Runs for every app finalized after celery_delayed was imported; an app
-    # without the setting is left alone (and its configuration not validated).
-    try:
-        enabled = bool(app.conf.get("delayed_intercept_eta", False))
-    except Exception:  # a configuration that cannot be read yet: not ours to judge
-        return
-    if enabled:
-        install(app)
-
-
-connect_on_app_finalize(_install_when_enabled)
+install()
