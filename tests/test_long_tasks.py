@@ -10,6 +10,8 @@ stops the heartbeat, so its redelivery takes the job over once the lease passes.
 from __future__ import annotations
 
 import collections
+import os
+import signal
 
 import pytest
 from celery import Celery
@@ -84,3 +86,26 @@ def test_worker_killed_mid_task_its_job_is_completed_by_another_worker(redis_url
     assert ran(rclient, prefix) == [h.id]  # the killed run never reached its end
     rec = h.job()
     assert rec["att"] == "2" and rec["wk"] == w2.name
+
+
+@pytest.mark.timeout(90)
+def test_pool_child_killed_redelivery_waits_for_the_lease_then_takes_over(redis_url, uid, rclient, workers):
+    """task_reject_on_worker_lost requeues at once: the redelivery finds the dead child's lease still
+    live, waits for it to pass (never two executions at a time), then completes the job."""
+    # billiard notices a dead child within ~5 s: a longer lease makes the redelivery find it live
+    conf = CONF | {"task_reject_on_worker_lost": True, "delayed_exec_lease_ms": 8000}
+    app = make_app(redis_url, uid, **conf)
+    prefix, queue = app.conf.delayed_key_prefix, app.conf.task_default_queue
+    h = apply_later(app, "ws.slow", (1.0,), when=0, strict=False)
+    assert _release_all(app) == [h.id]
+    w = WorkerProcess(redis_url, prefix, queue, conf=conf, concurrency=1)
+    workers.append(w)
+    first = wait_for(lambda: _started(rclient, prefix), 30, what="the body to start")
+    os.kill(int(first[0][1]), signal.SIGKILL)  # the pool child only; the worker requeues its message
+
+    wait_for(lambda: h.job_state == "SUCCEEDED", 40, what="the redelivery to complete the job")
+    assert "is running elsewhere" in w.output()  # it waited for the dead child's lease
+    starts = _started(rclient, prefix)
+    assert [j for j, _ in starts] == [h.id, h.id] and starts[0][1] != starts[1][1]
+    assert ran(rclient, prefix) == [h.id]
+    assert h.job()["att"] == "2"
