@@ -67,3 +67,17 @@ def test_demo_rejects_bad_options(args: list[str], message: str, capsys: pytest.
     out = capsys.readouterr()
     assert message in out.err
     assert out.out == ""
+
+
+def test_demo_says_when_redis_url_is_unreachable() -> None:
+    from redis_server import free_port
+
+    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    proc = subprocess.run(
+        [sys.executable, "-m", "example_project.demo", "--tasks", "10"],
+        cwd=ROOT, env=dict(os.environ, REDIS_URL=url), capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 2
+    assert f"cannot reach Redis at {url}" in proc.stderr
+    assert "unset REDIS_URL" in proc.stderr
+    assert "worker" not in proc.stdout  # nothing was started
