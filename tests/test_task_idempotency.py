@@ -123,3 +123,38 @@ def test_redelivered_completed_task_is_skipped(redis_url, uid, rclient, workers)
     plain = app.send_task("e2e.mark", queue=queue)
     wait_for(lambda: plain.id in ran(rclient, prefix), 20, what="the plain task")
     assert not rclient.exists(store.keys.shard(store.shard_of(plain.id)).job(plain.id))
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(120)
+def test_publish_path_duplicate_runs_once_on_rabbitmq(rabbitmq_url, redis_url, uid, rclient, workers):
+    """A scheduler dies after publishing, before acknowledging its claim: the job is claimed and
+    published again (at-least-once); the worker side runs the body once."""
+    from celery_delayed.scheduler.mover import PublishMover
+
+    app = make_app(rabbitmq_url, uid, delayed_redis_url=redis_url, delayed_claim_lease_ms=500)
+    prefix, queue = app.conf.delayed_key_prefix, app.conf.task_default_queue
+    store = get_store(app)
+    assert not store.direct
+    h = apply_later(app, "e2e.mark", when=0, strict=False)
+    mover = PublishMover(app, store)
+
+    def crash(batch: object) -> None:
+        raise RuntimeError("scheduler died between publish and ack")
+
+    mover.before_ack = crash
+    with pytest.raises(RuntimeError):
+        mover.move(h.shard, "", "", 10)
+    mover.before_ack = None
+    wait_for(lambda: mover.move(h.shard, "", "", 10).ids == [h.id], 10, what="the claim to expire")
+    mover.close()
+    try:
+        w = WorkerProcess(rabbitmq_url, prefix, queue, store=redis_url, concurrency=2)
+        workers.append(w)
+        wait_for(lambda: h.job_state == "SUCCEEDED", 40, what="the job to succeed")
+        wait_for(lambda: "completed already" in w.output(), 20, what="the second copy to be skipped")
+        assert ran(rclient, prefix) == [h.id]
+        assert h.job()["claims"] == "2"
+    finally:
+        with app.connection_for_write() as conn:
+            conn.default_channel.queue_delete(queue)
