@@ -582,3 +582,101 @@ def test_noscript_is_recovered(store: Store, redis_server: Any) -> None:
                lambda: store.reschedule("m3", "+5", now_ms=T)):
         store.client.script_flush()
         op()
+
+
+# -- a random walk against a model ---------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_random_operations_match_a_model(store: Store, seed: int) -> None:
+    """schedule / cancel / reschedule / release / claim / ack in random order, checked against a dict model.
+
+    Due times cluster around bucket edges (when buckets are on) and the clock
+    moves forward in small and large steps.
+    """
+    import random
+
+    rnd = random.Random(seed)
+    width = store.config.bucket_ms or 60_000
+    now = T
+    model: dict[str, tuple[str, int]] = {}  # id -> (state, due)
+    inflight: dict[str, int] = {}  # id -> claim deadline
+    pushed: list[str] = []
+    n = 0
+
+    def due_near() -> int:
+        edge = now - now % width + rnd.randint(-2, 3) * width
+        return edge + rnd.choice([-1, 0, 1, rnd.randint(0, width - 1)])
+
+    for _ in range(400):
+        op = rnd.random()
+        ids = sorted(model)
+        if op < 0.35:
+            batch = []
+            for _ in range(rnd.randint(1, 4)):
+                n += 1
+                batch.append(job(store, f"j{n}", due_near(), shard=0))
+            for res in store.schedule(batch, now_ms=now):
+                assert res.created
+                model[res.id] = ("SCHEDULED", res.due_ms)
+        elif op < 0.45 and ids:
+            jid = rnd.choice(ids)
+            st, _ = model[jid]
+            if st in ("SCHEDULED", "CLAIMED", "QUEUED"):
+                assert store.cancel(jid, 0, now_ms=now) == st
+                model[jid] = ("CANCELLED", model[jid][1])
+                inflight.pop(jid, None)
+            else:
+                with pytest.raises(InvalidState):
+                    store.cancel(jid, 0, now_ms=now)
+        elif op < 0.55 and ids:
+            jid = rnd.choice(ids)
+            st, _ = model[jid]
+            new = due_near()
+            if st == "SCHEDULED":
+                assert store.reschedule(jid, str(new), 0, now_ms=now) == new
+                model[jid] = ("SCHEDULED", new)
+            else:
+                with pytest.raises(InvalidState):
+                    store.reschedule(jid, str(new), 0, now_ms=now)
+        elif op < 0.75:
+            limit = rnd.randint(1, 6)
+            b = store.release_due(0, now_ms=now, limit=limit)
+            due = sorted((d, i) for i, (st, d) in model.items() if st == "SCHEDULED" and d <= now)
+            want = [i for _, i in due[:limit]]
+            assert sorted(b.ids) == sorted(want)
+            assert [model[i][1] for i in b.ids] == sorted(model[i][1] for i in b.ids)  # earliest first
+            for i in b.ids:
+                model[i] = ("QUEUED", model[i][1])
+            pushed += b.ids
+        elif op < 0.85:
+            limit = rnd.randint(1, 6)
+            b = store.claim_due(0, now_ms=now, limit=limit)
+            stale = sorted((d, i) for i, d in inflight.items() if d <= now)
+            due = sorted((d, i) for i, (st, d) in model.items() if st == "SCHEDULED" and d <= now)
+            want = [i for _, i in stale[:limit]]
+            want += [i for _, i in due[:limit - len(want)]]
+            assert sorted(b.ids) == sorted(want)
+            for i in b.ids:
+                model[i] = ("CLAIMED", model[i][1])
+                inflight[i] = now + 10_000
+            if rnd.random() < 0.5 and b.ids:  # published and acknowledged; else the claim lapses
+                assert store.ack_claimed(0, b.ids, now_ms=now) == len(b.ids)
+                for i in b.ids:
+                    model[i] = ("QUEUED", model[i][1])
+                    inflight.pop(i)
+        else:
+            now += rnd.choice([1, 500, width // 2, width, 3 * width])
+        # The index holds exactly the scheduled jobs, with their due times.
+        scheduled = {i: d for i, (st, d) in model.items() if st == "SCHEDULED"}
+        assert indexed(store) == scheduled
+        # The next key may be early (a cancelled job) but never later than a job:
+        # a job scheduled before it would then wake no scheduler.
+        if scheduled:
+            nxt = store.client.get(store.keys.shard(0).next)
+            assert nxt is not None and int(nxt) <= min(scheduled.values())
+        assert {i: int(s) for i, s in store.client.zrange(store.keys.shard(0).inflight, 0, -1, withscores=True)} \
+            == inflight
+    assert len(pushed) == len(set(pushed)) == store.client.llen(lst(store))
+    for jid, (st, _) in model.items():
+        assert record(store, jid)["st"] == st
