@@ -8,6 +8,7 @@ envelope itself is covered by test_message.py and test_roundtrip.py.
 from __future__ import annotations
 
 import json
+import random
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -594,8 +595,6 @@ def test_random_operations_match_a_model(store: Store, seed: int) -> None:
     Due times cluster around bucket edges (when buckets are on) and the clock
     moves forward in small and large steps.
     """
-    import random
-
     rnd = random.Random(seed)
     width = store.config.bucket_ms or 60_000
     now = T
