@@ -9,26 +9,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from billiard.einfo import ExceptionInfo
 from celery import Task
 from e2e_app import app, record
 
 from celery_delayed import DelayedTask
-from celery_delayed.retrying import RetryMixin
 
-if issubclass(DelayedTask, RetryMixin):
-    Base: Any = DelayedTask
-else:  # until task.py's DelayedTask carries the mixin: the same contract, here
-
-    class Base(RetryMixin, DelayedTask):  # type: ignore[no-redef]
-        abstract = True
-
-        def __call__(self, *args: Any, **kwargs: Any) -> Any:
-            try:
-                return super().__call__(*args, **kwargs)
-            except Exception as exc:
-                self.delayed_handle_failure(exc, ExceptionInfo())
-                raise
+Base: Any = DelayedTask  # DelayedTask(RetryMixin, Task): failures go to delayed_handle_failure
 
 
 class Flaky(ValueError):

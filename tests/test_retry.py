@@ -167,3 +167,26 @@ def test_retry_later_countdown_and_a_final_failure(redis_url, uid, workers, rcli
     assert rec["etype"] == "builtins.KeyError" and "not retryable" in rec["emsg"] and "KeyError" in rec["tb"]
     assert len(runs(rclient, prefix, broken.id)) == 1
     assert rclient.zcard(store.keys.shard(int(rec["shard"])).dlq) == 0
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(90)
+def test_retries_on_the_publish_path_with_rabbitmq(rabbitmq_url, redis_url, uid, workers, rclient):
+    """RabbitMQ broker, Redis store: the retry is stored, claimed and published by the scheduler."""
+    conf = {"imports": ["retry_tasks"], "delayed_backoff": "fixed", "delayed_backoff_base_s": 0.5}
+    app = make_app(rabbitmq_url, uid, delayed_redis_url=redis_url, **conf)
+    prefix, queue = app.conf.delayed_key_prefix, app.conf.task_default_queue
+    store = get_store(app)
+    assert not store.direct
+    w = WorkerProcess(rabbitmq_url, prefix, queue, store=redis_url, conf=conf, concurrency=1, pool="solo")
+    workers.append(w)
+    workers.append(SchedulerProcess(rabbitmq_url, prefix, queue, store=redis_url, conf=conf))
+    w.wait_ready()
+    h = apply_later(app, "rt.flaky", args=(1,), when=0, strict=False)
+    wait_for(lambda: len(runs(rclient, prefix, h.id)) >= 2, 30, what="two runs")
+    got = runs(rclient, prefix, h.id)
+    assert [r for r, _ in got] == [0, 1]
+    assert got[1][1] - got[0][1] >= 0.5
+    wait_for(lambda: store.get(h.id)["st"] == "SUCCEEDED", 10, what="SUCCEEDED")
+    rec = store.get(h.id)
+    assert rec["retries"] == "1" and "lk" not in rec  # published by kombu, not pushed by Lua
