@@ -341,7 +341,7 @@ class Store:
             self.scripts.release_due,
             [sk.due, sk.buckets, sk.next, sk.lease, sk.dlq],
             [sk.job_prefix, "" if now_ms is None else now_ms, limit or self.config.batch_size,
-             self.config.bucket_ms, owner, fence, self.config.record_ttl_ms, gkp, dead],
+             self.config.bucket_ms, owner, fence, self.config.record_ttl_ms, gkp, dead, *self._dlq_bounds()],
         )
         batch = self._batch(reply)
         rest = reply[5:]
@@ -360,7 +360,8 @@ class Store:
             self.scripts.claim_due,
             [sk.due, sk.buckets, sk.next, sk.lease, sk.inflight, sk.dlq],
             [sk.job_prefix, "" if now_ms is None else now_ms, limit or self.config.batch_size,
-             self.config.bucket_ms, owner, fence, self.config.claim_lease_ms, self.config.record_ttl_ms],
+             self.config.bucket_ms, owner, fence, self.config.claim_lease_ms, self.config.record_ttl_ms,
+             *self._dlq_bounds()],
         )
         batch = self._batch(reply)
         rest = reply[5:]
@@ -370,6 +371,11 @@ class Store:
             batch.messages.append((msg, ex, rk, q))
             batch.events.append(json.loads(ev) if ev else None)
         return batch
+
+    def _dlq_bounds(self) -> tuple[int, int]:
+        """The dead-letter set's bounds per shard: max age (ms), max length."""
+        cfg = self.config
+        return cfg.dlq_max_age_s * 1000, -(-cfg.dlq_max_len // cfg.shards)
 
     @staticmethod
     def _batch(reply: Sequence[Any]) -> Batch:

@@ -20,6 +20,8 @@ ARGV[5]  lease owner token ('' = no lease check)
 ARGV[6]  lease fence
 ARGV[7]  claim lease, ms (how long the caller has to publish and ack)
 ARGV[8]  ttl of an expired / skipped job's record, ms
+ARGV[9]  dead letters' max age, ms (misfire 'dead': the set is trimmed)
+ARGV[10] most dead letters this shard keeps
 
 Returns {code, claimed, skipped, next_due, now, then per claimed job:
 id, msg, exchange, routing_key, queue, ev}; code 1 = done, -1 = the shard
@@ -28,6 +30,7 @@ expired or missed max_lateness are not claimed (see release_due: EXPIRED,
 SKIPPED, DEAD) and count as skipped.
 ]]
 -- @include "common"
+-- @include "dlq"
 -- @include "misfire"
 
 local prefix, limit, bucket_ms = ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -35,7 +38,7 @@ if not lease_ok(KEYS[4], ARGV[5], ARGV[6]) then return {-1, 0, 0, -1, 0} end
 local now = now_ms(ARGV[2])
 local deadline = now + tonumber(ARGV[7])
 local out = {1, 0, 0, -1, now}
-local claimed, skipped = 0, 0
+local claimed, skipped, dead = 0, 0, 0
 local ttl = tonumber(ARGV[8])
 
 -- Expired or misfired: record it instead of claiming it; true when so.
@@ -46,6 +49,7 @@ local function held_back(id, jk)
   redis.call('ZREM', KEYS[5], id)
   mark_unsent(jk, KEYS[6], id, unsent, why, now, ttl)
   skipped = skipped + 1
+  if unsent == 'DEAD' then dead = dead + 1 end
   return true
 end
 
@@ -85,6 +89,9 @@ for _, id in ipairs(ids) do
   else
     skipped = skipped + 1
   end
+end
+if dead > 0 then
+  dlq_trim(KEYS[6], prefix, now - tonumber(ARGV[9]), tonumber(ARGV[10]), 1000)
 end
 local e = earliest(KEYS[1], KEYS[2], bucket_ms)
 local s = redis.call('ZRANGE', KEYS[5], 0, 0, 'WITHSCORES')

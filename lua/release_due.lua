@@ -21,6 +21,8 @@ ARGV[8]  kombu global_keyprefix ('' for none)
 ARGV[9]  kombu's dead-letter queue for unroutable messages (transport option
          deadletter_queue; '' or absent = none: the message is dropped, as
          kombu drops it, and the record is marked reason=UNROUTABLE)
+ARGV[10] dead letters' max age, ms (misfire 'dead' trims the dead-letter set)
+ARGV[11] most dead letters this shard keeps
 
 A record's routing fields: lk = the list key to LPUSH (anonymous exchange:
 global_keyprefix + queue + priority suffix); or bx = the exchange's binding
@@ -38,6 +40,7 @@ were not sent because they expired (Celery's `expires`: state EXPIRED) or
 missed max_lateness with misfire 'skip' (SKIPPED) or 'dead' (DEAD).
 ]]
 -- @include "common"
+-- @include "dlq"
 -- @include "misfire"
 
 local prefix, limit, bucket_ms = ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -65,7 +68,7 @@ end
 
 local ids = take_due(KEYS[1], KEYS[2], bucket_ms, now, limit)
 local out = {1, 0, 0, -1, now}
-local released, skipped = 0, 0
+local released, skipped, dead = 0, 0, 0
 for _, id in ipairs(ids) do
   local jk = prefix .. id
   local r = redis.call('HMGET', jk, 'st', 'msg', 'lk', 'bx', 'rk', 'ps', 'ev', 'q', 'due', 'exp', 'ml', 'mf')
@@ -76,6 +79,7 @@ for _, id in ipairs(ids) do
   if unsent then
     mark_unsent(jk, KEYS[5], id, unsent, why, now, ttl)
     skipped = skipped + 1
+    if unsent == 'DEAD' then dead = dead + 1 end
   elseif r[1] == 'SCHEDULED' and r[2] and (r[3] or r[4] or r[8]) then
     if r[3] then
       redis.call('LPUSH', r[3], r[2])
@@ -95,6 +99,9 @@ for _, id in ipairs(ids) do
   else
     skipped = skipped + 1
   end
+end
+if dead > 0 then
+  dlq_trim(KEYS[5], prefix, now - tonumber(ARGV[10]), tonumber(ARGV[11]), 1000)
 end
 local e = earliest(KEYS[1], KEYS[2], bucket_ms)
 set_next(KEYS[3], e)

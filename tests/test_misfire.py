@@ -124,3 +124,16 @@ def test_scheduler_and_worker_run_only_the_job_within_its_lateness(redis_url, ui
     wait_for(lambda: len(ran(rclient, prefix)) >= 2, 40, what="the two sendable jobs to run")
     wait_for(lambda: skip.job_state == "SKIPPED" and dead.job_state == "DEAD", 10, what="the misfires")
     assert sorted(ran(rclient, prefix)) == sorted([run.id, fresh.id])
+
+
+def test_misfire_dead_letters_are_bounded_by_the_dlq_trim(redis_url, uid, rclient):
+    app = make_app(redis_url, uid, delayed_shards=2, delayed_dlq_max_len=6)  # 3 per shard
+    store = get_store(app)
+    hs = [apply_later(app, "e2e.mark", when=0, max_lateness=1, misfire="dead", shard_key="one", strict=False)
+          for _ in range(5)]
+    _release(app, now_ms=max(h.due_ms for h in hs) + 5_000)
+    dlq = store.keys.shard(hs[0].shard).dlq
+    assert rclient.zcard(dlq) == 3
+    kept = set(rclient.zrange(dlq, 0, -1))
+    for h in hs:  # the trimmed ones are deleted, not left behind
+        assert rclient.exists(_key(app, h)) == (h.id in kept)
