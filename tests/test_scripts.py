@@ -679,3 +679,23 @@ def test_random_operations_match_a_model(store: Store, seed: int) -> None:
     assert len(pushed) == len(set(pushed)) == store.client.llen(lst(store))
     for jid, (st, _) in model.items():
         assert record(store, jid)["st"] == st
+
+
+def test_release_reads_only_as_many_buckets_as_it_needs(redis_url: str, uid: str) -> None:
+    """One-ms buckets: each due job in a bucket of its own; a release of 7 reads 7 buckets.
+
+    A stale empty bucket in the index costs one slot once and is dropped.
+    """
+    s = Store(make_app(redis_url, uid, delayed_bucket_ms=1))
+    s.schedule([job(s, f"j{i:02}", T - 100 + i) for i in range(30)], now_ms=T)
+    sk = s.keys.shard(0)
+    assert s.client.zcard(sk.buckets) == 30
+    s.client.zadd(sk.buckets, {f"{sk.due}:{T - 1000}": T - 1000})  # names no job
+    got: list[str] = []
+    counts = []
+    while b := s.release_due(0, now_ms=T, limit=7).ids:
+        counts.append(len(b))
+        got += b
+    assert got == [f"j{i:02}" for i in range(30)]
+    assert counts == [6, 7, 7, 7, 3]
+    assert s.client.zcard(sk.buckets) == 0

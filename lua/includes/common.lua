@@ -56,7 +56,9 @@ local function take_due(due_base, buckets, bucket_ms, now, limit)
     if #out > 0 then redis.call('ZREMRANGEBYRANK', due_base, 0, #out - 1) end
     return out
   end
-  local bks = redis.call('ZRANGEBYSCORE', buckets, '-inf', now)
+  -- A bucket in the index holds at least one job (emptied buckets leave it),
+  -- so `limit` buckets are enough: never read every overdue bucket's name.
+  local bks = redis.call('ZRANGEBYSCORE', buckets, '-inf', now, 'LIMIT', 0, limit)
   for _, k in ipairs(bks) do
     local left = limit - #out
     if left <= 0 then break end
