@@ -28,7 +28,20 @@ lo, lu     execution lease of a RUNNING job: owner token
            the worker's heartbeat (extend_lease.lua) pushes the deadline on
 started    when the latest execution began, epoch ms
 wk         hostname of the worker that ran it last
-finished   when it SUCCEEDED / was EXPIRED or SKIPPED, epoch ms
+finished   when it SUCCEEDED / FAILED / was EXPIRED or SKIPPED, epoch ms
+retries    retries scheduled (the ``retries`` header of its message; retry.lua)
+first_at,  when the first and the latest failed attempt began, epoch ms
+last_at
+etype,     the last failure: exception type (module.Class), message, and (FAILED
+emsg, tb   / DEAD only) traceback
+host       hostname of the worker where it last failed
+delay      the backoff delay of the pending retry, ms
+died       when it was dead-lettered, epoch ms (DEAD; indexed in the dlq set)
+args,      DEAD: the arguments (saferepr), and the attempts made
+kwargs,
+attempts
+requeued,  how often it was requeued from the dead-letter queue, and when last
+requeued_at
 =========  ==============================================================
 
 Worker-side states (task.py): QUEUED or CLAIMED -> RUNNING (start.lua takes
