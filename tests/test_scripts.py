@@ -80,14 +80,19 @@ class Wake:
         msg = self.ps.get_message(timeout=2)
         assert msg and msg["type"] == "subscribe"
 
-    def messages(self, timeout: float = 0.3) -> list[str]:
-        out = []
+    def messages(self, expect: int = 0, timeout: float = 5.0, quiet: float = 0.2) -> list[str]:
+        """Messages received until ``expect`` have come (within ``timeout``) and then ``quiet`` s of silence."""
+        out: list[str] = []
         deadline = time.monotonic() + timeout
-        while (left := deadline - time.monotonic()) > 0:
-            msg = self.ps.get_message(timeout=left)
+        while True:
+            wait = quiet if len(out) >= expect else deadline - time.monotonic()
+            if wait <= 0:
+                return out
+            msg = self.ps.get_message(timeout=wait)
+            if msg is None and len(out) >= expect:
+                return out
             if msg and msg["type"] == "message":
                 out.append(str(msg["data"]))
-        return out
 
     def close(self) -> None:
         self.ps.close()
@@ -157,7 +162,7 @@ def test_schedule_many_shards_in_one_call(store: Store) -> None:
 def test_schedule_wakes_only_when_earlier_than_next(store: Store, wake: Wake) -> None:
     nxt = store.keys.shard(2).next
     store.schedule([job(store, "a", T + 10_000, shard=2)], now_ms=T)
-    assert wake.messages() == [f"2:{T + 10_000}"]
+    assert wake.messages(1) == [f"2:{T + 10_000}"]
     store.schedule([job(store, "b", T + 20_000, shard=2)], now_ms=T)
     store.schedule([job(store, "c", T + 10_000, shard=2)], now_ms=T)  # equal: not earlier
     assert wake.messages() == []
@@ -165,7 +170,7 @@ def test_schedule_wakes_only_when_earlier_than_next(store: Store, wake: Wake) ->
     # Several new jobs in one call: one message, for the earliest.
     store.schedule([job(store, "d", T + 9000, shard=2), job(store, "e", T + 5000, shard=2),
                     job(store, "f", T + 7000, shard=2)], now_ms=T)
-    assert wake.messages() == [f"2:{T + 5000}"]
+    assert wake.messages(1) == [f"2:{T + 5000}"]
     assert store.client.get(nxt) == str(T + 5000)
     # A duplicate id schedules nothing and wakes nobody.
     store.schedule([job(store, "a", T + 1, shard=2)], now_ms=T)
@@ -475,13 +480,13 @@ def test_cancel_finds_a_job_in_another_shard(store: Store) -> None:
 def test_reschedule_moves_and_wakes(store: Store, wake: Wake) -> None:
     sk = store.keys.shard(0)
     store.schedule([job(store, "a", T + 600_000), job(store, "b", T + 700_000)], now_ms=T)
-    assert wake.messages() == [f"0:{T + 600_000}"]
+    assert wake.messages(1) == [f"0:{T + 600_000}"]
     assert store.reschedule("a", str(T + 650_000), now_ms=T) == T + 650_000  # later: no wake
     assert wake.messages() == []
     assert indexed(store) == {"a": T + 650_000, "b": T + 700_000}
     assert record(store, "a")["due"] == str(T + 650_000)
     assert store.reschedule("b", "+1000", now_ms=T) == T + 1000  # earlier: wake
-    assert wake.messages() == [f"0:{T + 1000}"]
+    assert wake.messages(1) == [f"0:{T + 1000}"]
     assert store.client.get(sk.next) == str(T + 1000)
     if store.config.bucket_ms:
         buckets = store.client.zrange(sk.buckets, 0, -1)
