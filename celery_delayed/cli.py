@@ -11,11 +11,15 @@ import logging
 import signal
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
 import click
 from celery import Celery
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .bootstep import add_worker_option
 from .errors import DelayedError
@@ -28,6 +32,17 @@ add_worker_option()
 def _app(ctx: click.Context) -> Celery:
     app: Celery = ctx.obj.app
     return app
+
+
+@contextmanager
+def _errors() -> Iterator[None]:
+    """Turn store errors into a one-line message and exit code 1 (no traceback)."""
+    try:
+        yield
+    except DelayedError as exc:
+        raise click.ClickException(str(exc)) from exc
+    except (RedisConnectionError, RedisTimeoutError) as exc:
+        raise click.ClickException(f"cannot reach the celery-delayed store: {exc}") from exc
 
 
 def _fmt_ms(ms: Any) -> str:
@@ -75,9 +90,10 @@ def run(ctx: click.Context, loglevel: str) -> None:
 @click.pass_context
 def status(ctx: click.Context, as_json: bool) -> None:
     """Per shard: pending jobs, next due time, oldest overdue; and totals."""
-    store = get_store(_app(ctx))
-    rows = store.shard_status()
-    members = [str(m) for m in store.client.zrange(store.keys.schedulers, 0, -1)]
+    with _errors():
+        store = get_store(_app(ctx))
+        rows = store.shard_status()
+        members = [str(m) for m in store.client.zrange(store.keys.schedulers, 0, -1)]
     if as_json:
         click.echo(json.dumps({"shards": rows, "schedulers": members}))
         return
@@ -100,15 +116,17 @@ def status(ctx: click.Context, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines.")
 @click.pass_context
 def list_(ctx: click.Context, task: str | None, offset: int, limit: int, as_json: bool) -> None:
-    """List pending (scheduled) jobs, earliest first within each shard."""
-    rows = get_store(_app(ctx)).pending(task=task, offset=offset, limit=limit)
+    """List pending (scheduled) jobs, earliest first within each shard (shard by shard)."""
+    with _errors():
+        rows = get_store(_app(ctx)).pending(task=task, offset=offset, limit=limit)
     for r in rows:
         if as_json:
             click.echo(json.dumps(r))
         else:
             click.echo(f"{r['id']}  {_fmt_ms(r['due'])}  {r['task']}  queue={r['queue']}  shard={r['shard']}")
     if not as_json:
-        click.echo(f"({len(rows)} shown, offset {offset})", err=True)
+        more = f"; next page: --offset {offset + len(rows)}" if len(rows) == limit else ""
+        click.echo(f"({len(rows)} shown, offset {offset}{more})", err=True)
 
 
 @delayed.command()
@@ -116,10 +134,8 @@ def list_(ctx: click.Context, task: str | None, offset: int, limit: int, as_json
 @click.pass_context
 def show(ctx: click.Context, job_id: str) -> None:
     """Show one job's record."""
-    try:
+    with _errors():
         rec = get_store(_app(ctx)).get(job_id)
-    except DelayedError as exc:
-        raise click.ClickException(str(exc)) from exc
     for key in ("due", "created", "released", "cancelled"):
         if key in rec:
             rec[key] = f"{rec[key]} ({_fmt_ms(rec[key])})"
@@ -131,10 +147,8 @@ def show(ctx: click.Context, job_id: str) -> None:
 @click.pass_context
 def cancel(ctx: click.Context, job_id: str) -> None:
     """Cancel a scheduled or queued job."""
-    try:
+    with _errors():
         prev = get_store(_app(ctx)).cancel(job_id)
-    except DelayedError as exc:
-        raise click.ClickException(str(exc)) from exc
     click.echo(f"cancelled {job_id} (was {prev})")
 
 

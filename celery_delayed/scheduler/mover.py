@@ -12,6 +12,7 @@ import base64
 import json
 import logging
 from datetime import datetime, timezone
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from celery import Celery
@@ -20,6 +21,8 @@ from kombu import Exchange, Queue
 from ..store import Batch, Store
 
 logger = logging.getLogger("celery_delayed.scheduler")
+
+_RETRY_POLICY = {"max_retries": 3, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5}
 
 
 class Mover(Protocol):
@@ -87,7 +90,8 @@ class PublishMover:
         self.events = _Events(app)
         self._conn: Any = None
         self._producer: Any = None
-        self.before_ack: Any = None  # test hook: called with the batch between publish and ack
+        # Test hook: called with the batch after it was published, before the ack.
+        self.before_ack: Callable[[Batch], None] | None = None
 
     def _get_producer(self) -> Any:
         if self._producer is None:
@@ -142,7 +146,9 @@ class PublishMover:
             headers=headers,
             declare=declare,
             retry=True,
-            retry_policy={"max_retries": 3},
+            # Short: a stop waits for the batch in hand, and an unreachable
+            # broker is the loop's to back off from (the claims stay in flight).
+            retry_policy=_RETRY_POLICY,
             expiration=expiration,
             **props,
         )
