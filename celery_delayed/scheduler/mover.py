@@ -11,8 +11,8 @@ from __future__ import annotations
 import base64
 import json
 import logging
-from datetime import datetime, timezone
 from collections.abc import Callable
+from datetime import datetime, timezone
 from typing import Any, Protocol
 
 from celery import Celery
