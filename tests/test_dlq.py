@@ -45,8 +45,9 @@ def test_dead_refuses_a_job_with_a_pending_retry(app):
     assert store_dead(store, h.id, h.shard, {"etype": "E"})[:2] == (-1, "SCHEDULED")
 
 
-def test_list_show_requeue_purge(redis_url, uid):
-    app = make_app(redis_url, uid, delayed_shards=4)
+@pytest.mark.parametrize("bucket_ms", [0, 60_000])
+def test_list_show_requeue_purge(redis_url, uid, bucket_ms):
+    app = make_app(redis_url, uid, delayed_shards=4, delayed_bucket_ms=bucket_ms)
     store = get_store(app)
     now = store.now_ms()
     ids = [f"d{i}" for i in range(6)]
@@ -67,7 +68,7 @@ def test_list_show_requeue_purge(redis_url, uid):
     rec = store.get("d2")
     assert rec["st"] == "SCHEDULED" and rec["retries"] == "0" and rec["requeued"] == "1"
     assert "etype" not in rec and "attempts" not in rec and int(rec["due"]) == due
-    assert store.client.zscore(store.keys.shard(2).due, "d2") == due
+    assert [(p["id"], int(p["due"])) for p in store.pending()] == [("d2", due)]
     with pytest.raises(InvalidState, match="SCHEDULED"):
         dlq.requeue(app, "d2")
     # requeue --all of one task

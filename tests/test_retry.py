@@ -8,10 +8,11 @@ import time
 from typing import Any
 
 import pytest
+from celery.exceptions import Ignore, Retry
 from conftest import make_app
 from helpers import SchedulerProcess, WorkerProcess, wait_for
 
-from celery_delayed import apply_later, get_store
+from celery_delayed import DelayedTask, apply_later, get_store
 from celery_delayed.backoff import Backoff, rng_for
 from celery_delayed.retrying import store_fail, store_retry
 
@@ -190,3 +191,49 @@ def test_retries_on_the_publish_path_with_rabbitmq(rabbitmq_url, redis_url, uid,
     wait_for(lambda: store.get(h.id)["st"] == "SUCCEEDED", 10, what="SUCCEEDED")
     rec = store.get(h.id)
     assert rec["retries"] == "1" and "lk" not in rec  # published by kombu, not pushed by Lua
+
+
+# -- the failure decision, in process (a pushed worker request, the real store) ----
+
+
+class Boom(ValueError):
+    pass
+
+
+def _decide(app: Any, exc: BaseException, retries: int = 0, **attrs: Any) -> tuple[str, dict[str, str]]:
+    """Run delayed_handle_failure for a released job at attempt ``retries + 1``; return (outcome, record)."""
+    name = f"t.decide.{len(app.tasks)}"
+
+    def body(self: Any) -> None:
+        return None
+
+    task = app.task(base=DelayedTask, bind=True, name=name, shared=False, **attrs)(body)
+    store = get_store(app)
+    h = apply_later(app, name, when=0)
+    store.release_due(h.shard, now_ms=store.now_ms() + 10)
+    task.push_request(id=h.id, called_directly=False, is_eager=False, retries=retries, hostname="w@test",
+                      args=(), kwargs={}, delivery_info={"exchange": "", "routing_key": app.conf.task_default_queue},
+                      delayed_shard=h.shard)
+    try:
+        task.delayed_handle_failure(exc, None)
+        outcome = "returned"
+    except Retry:
+        outcome = "retry"
+    finally:
+        task.pop_request()
+    return outcome, store.get(h.id)
+
+
+def test_failure_decision(app):
+    out, rec = _decide(app, Boom("x"), autoretry_for=(Boom,), max_attempts=3)
+    assert out == "retry" and rec["st"] == "SCHEDULED" and rec["retries"] == "1"
+    out, rec = _decide(app, Boom("x"), retries=2, autoretry_for=(Boom,), max_attempts=3)
+    assert out == "returned" and rec["st"] == "DEAD" and rec["attempts"] == "3"
+    out, rec = _decide(app, KeyError("k"), autoretry_for=(Boom,))
+    assert out == "returned" and rec["st"] == "FAILED" and rec["etype"] == "builtins.KeyError"
+    out, rec = _decide(app, KeyError("k"), dlq_all_failures=True)
+    assert out == "returned" and rec["st"] == "DEAD"
+    out, rec = _decide(app, Boom("x"), autoretry_for=(ValueError,), dont_autoretry_for=(Boom,))
+    assert rec["st"] == "FAILED"
+    out, rec = _decide(app, Ignore())
+    assert out == "returned" and rec["st"] == "QUEUED"  # not a failure
