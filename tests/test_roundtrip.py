@@ -97,10 +97,12 @@ def event_log_factory() -> Iterator[list[EventLog]]:
 
 
 @pytest.mark.timeout(120)
-def test_priorities_queues_routing_keys_and_sent_events(
-    redis_url: str, uid: str, workers: list[Any], rclient: redis.Redis, event_log_factory: list[EventLog]
+def test_priorities_queues_routing_keys_serializers_and_sent_events(
+    redis_url: str, uid: str, workers: list[Any], rclient: redis.Redis, event_log_factory: list[EventLog],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    conf = _conf(uid, task_send_sent_event=True)
+    monkeypatch.setenv("C_FORCE_ROOT", "1")  # a worker accepting pickle refuses to run as root otherwise
+    conf = _conf(uid, task_send_sent_event=True, accept_content=["json", "pickle"])
     app = make_app(redis_url, uid, **conf)
     prefix, queue = app.conf.delayed_key_prefix, app.conf.task_default_queue
     assert get_store(app).direct
@@ -116,8 +118,10 @@ def test_priorities_queues_routing_keys_and_sent_events(
     other = apply_later(app, "e2e.mark", args=("other",), when=0, queue=f"other{uid}", strict=False).id
     routed = apply_later(app, "e2e.mark", args=("rk",), when=0, exchange=f"ex{uid}",
                          routing_key="rk.custom", strict=False).id
+    pickled = apply_later(app, "e2e.mark", args=({1, 2},), when=0, serializer="pickle", strict=False).id
+    packed = apply_later(app, "e2e.mark", args=("z" * 2000,), when=0, compression="gzip", strict=False).id
     later = apply_later(app, "e2e.mark", when=3600, strict=False).id
-    ids = [*by_priority.values(), other, routed]
+    ids = [*by_priority.values(), other, routed, pickled, packed]
 
     released, events = _release_all(app)
     assert released == len(ids)
@@ -127,6 +131,7 @@ def test_priorities_queues_routing_keys_and_sent_events(
     lists = collections.Counter()
     for p in range(10):
         lists[queue + (SEP + STEP[p] if STEP[p] else "")] += 1
+    lists[queue] += 2  # pickled, packed
     for key, n in lists.items():
         assert rclient.llen(key) == n, key
     assert rclient.llen(f"other{uid}") == 1
