@@ -43,7 +43,7 @@ from celery.exceptions import Ignore, MaxRetriesExceededError, Reject, Retry
 from celery.utils.saferepr import saferepr
 
 from .backoff import Backoff, rng_for
-from .errors import ConfigurationError
+from .errors import ConfigurationError, InvalidOption
 from .message import MESSAGE_OPTIONS, BuiltMessage, build_message
 from .store import Store, get_store
 from .timeutil import due_spec, from_ms
@@ -317,6 +317,13 @@ class RetryMixin:
         new_args, new_kwargs = options.pop("args", None), options.pop("kwargs", None)
         policy = {k: options.pop(k, None) for k in ("backoff", "backoff_base_s", "backoff_factor", "backoff_cap_s")}
         max_attempts = options.pop("max_attempts", None)
+        unknown = set(options) - MESSAGE_OPTIONS
+        if unknown:
+            raise InvalidOption(
+                f"retry_later got unknown option(s) {sorted(unknown)}; it accepts exc, countdown, eta, args, "
+                f"kwargs, max_attempts, backoff, backoff_base_s, backoff_factor, backoff_cap_s, throw "
+                f"and the message options {sorted(MESSAGE_OPTIONS)}"
+            )
         if not self._delayed_in_worker():
             return Task.retry(task, new_args, new_kwargs, exc, throw, eta, countdown,
                               None if max_attempts is None else max_attempts - 1, **options)

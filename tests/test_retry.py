@@ -14,6 +14,7 @@ from helpers import SchedulerProcess, WorkerProcess, wait_for
 
 from celery_delayed import DelayedTask, apply_later, get_store
 from celery_delayed.backoff import Backoff, rng_for
+from celery_delayed.errors import ConfigurationError, InvalidOption, InvalidWhen
 from celery_delayed.retrying import store_fail, store_retry
 
 SEED = 20261130
@@ -200,8 +201,8 @@ class Boom(ValueError):
     pass
 
 
-def _decide(app: Any, exc: BaseException, retries: int = 0, **attrs: Any) -> tuple[str, dict[str, str]]:
-    """Run delayed_handle_failure for a released job at attempt ``retries + 1``; return (outcome, record)."""
+def _running(app: Any, retries: int = 0, **attrs: Any) -> tuple[Any, Any]:
+    """A DelayedTask with a pushed worker request for a released job at attempt ``retries + 1``."""
     name = f"t.decide.{len(app.tasks)}"
 
     def body(self: Any) -> None:
@@ -214,6 +215,13 @@ def _decide(app: Any, exc: BaseException, retries: int = 0, **attrs: Any) -> tup
     task.push_request(id=h.id, called_directly=False, is_eager=False, retries=retries, hostname="w@test",
                       args=(), kwargs={}, delivery_info={"exchange": "", "routing_key": app.conf.task_default_queue},
                       delayed_shard=h.shard)
+    return task, h
+
+
+def _decide(app: Any, exc: BaseException, retries: int = 0, **attrs: Any) -> tuple[str, dict[str, str]]:
+    """Run delayed_handle_failure for a released job at attempt ``retries + 1``; return (outcome, record)."""
+    task, h = _running(app, retries, **attrs)
+    store = get_store(app)
     try:
         task.delayed_handle_failure(exc, None)
         outcome = "returned"
@@ -237,3 +245,18 @@ def test_failure_decision(app):
     assert rec["st"] == "FAILED"
     out, rec = _decide(app, Ignore())
     assert out == "returned" and rec["st"] == "QUEUED"  # not a failure
+
+
+@pytest.mark.parametrize(("call", "error"), [
+    ({"countdown": -1}, InvalidWhen), ({"bogus": 1}, InvalidOption), ({"backoff": "linear"}, ConfigurationError),
+    ({"max_attempts": 0}, ConfigurationError),
+])
+def test_retry_later_bad_input_writes_nothing(app, call, error):
+    task, h = _running(app)
+    try:
+        before = get_store(app).get(h.id)
+        with pytest.raises(error):
+            task.retry_later(exc=Boom("x"), **call)
+        assert get_store(app).get(h.id) == before
+    finally:
+        task.pop_request()
