@@ -6,9 +6,12 @@ ARGV[2]  now, epoch ms ('' = the Redis server's TIME)
 ARGV[3]  ttl of a released job's record, ms
 ARGV[4..] job ids
 
-Returns the number of jobs acknowledged. A job no longer in flight (its claim
-expired and another scheduler took it) is not counted. A job cancelled while
-in flight keeps its CANCELLED state.
+Returns the number of jobs acknowledged. A job no longer in flight (acked
+already, or cancelled) is not counted. An ack that comes after the claim
+expired still counts, even when another scheduler claimed the job again: the
+caller did publish it, and that other scheduler's ack then counts nothing
+(at-least-once: the job may be published twice). A job cancelled while in
+flight keeps its CANCELLED state.
 ]]
 -- @include "common"
 

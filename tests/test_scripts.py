@@ -376,6 +376,17 @@ def test_expired_claim_is_claimed_again(store: Store) -> None:
     assert record(store, "a")["st"] == "QUEUED"
 
 
+def test_late_ack_after_a_reclaim(store: Store) -> None:
+    """Scheduler A claims, stalls past its claim lease; B claims again; both publish."""
+    store.schedule([job(store, "a", T)], now_ms=T)
+    assert store.claim_due(0, now_ms=T).ids == ["a"]  # A
+    assert store.claim_due(0, now_ms=T + 10_000).ids == ["a"]  # B: A's claim expired
+    assert store.ack_claimed(0, ["a"], now_ms=T + 10_001) == 1  # A published it: acknowledged
+    assert record(store, "a")["st"] == "QUEUED"
+    assert store.ack_claimed(0, ["a"], now_ms=T + 10_002) == 0  # B's ack finds nothing in flight
+    assert store.claim_due(0, now_ms=T + 60_000).ids == []  # and nobody claims it a third time
+
+
 def test_claim_due_limit_counts_stale_claims_first(store: Store) -> None:
     store.schedule([job(store, f"j{i}", T + i) for i in range(3)], now_ms=T)
     assert store.claim_due(0, now_ms=T + 5, limit=2).ids == ["j0", "j1"]
