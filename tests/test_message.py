@@ -421,3 +421,26 @@ def test_unroutable_message_on_a_named_exchange(redis_url: str, uid: str, client
         assert new == {}  # dropped
     built, _ = ours(app, "id", exchange=f"ex{uid}", routing_key="nobody", priority=9)
     assert built.destination(app.conf) == {"bx": f"_kombu.binding.ex{uid}", "rk": "nobody", "ps": f"{SEP}9"}
+
+
+@pytest.mark.parametrize("kind", ["routing_key_alone", "queue_object", "exchange_object"])
+def test_more_routing_spellings(redis_url: str, uid: str, client: redis.Redis, kind: str) -> None:
+    ex = Exchange(f"ex{uid}", type="direct")
+    qobj = Queue(f"qo{uid}", ex, routing_key="rk.o")
+    app = _app(redis_url, uid, task_queues=[Queue(f"q{uid}"), qobj])
+    with Connection(redis_url) as conn:
+        qobj(conn.default_channel).declare()
+    opts: dict[str, Any] = {
+        "routing_key_alone": {"routing_key": "ignored.without.exchange"},
+        "queue_object": {"queue": qobj},
+        "exchange_object": {"exchange": ex, "routing_key": "rk.o"},
+    }[kind]
+    tid = str(uuid.uuid4())
+    key, theirs = kombu_publish(app, client, task_id=tid, **opts)
+    built, mine = ours(app, tid, **opts)
+    dest = built.destination(app.conf)
+    if "lk" in dest:
+        assert key == dest["lk"]
+    else:
+        assert key == f"qo{uid}" and dest["bx"] == f"_kombu.binding.ex{uid}" and dest["rk"] == "rk.o"
+    assert_same_envelope(theirs, mine)
