@@ -70,6 +70,7 @@ from celery.exceptions import Ignore, Reject, Retry
 from celery.utils.log import get_task_logger
 
 from . import api
+from .errors import DelayedError, StoreUnavailable
 from .ledger import BUSY, CANCELLED, DONE, RUN, UNTRACKED, Execution, LeaseKeeper, Ledger, owner_token
 from .result import DelayedResult
 from .retrying import RetryMixin
@@ -150,7 +151,10 @@ class DelayedTask(RetryMixin, Task):  # type: ignore[misc]
         props = getattr(req, "properties", None) or {}
         owner = owner_token(req.hostname or "", props.get("delivery_tag") or (req.delivery_info or {}).get(
             "delivery_tag"))
-        started = self._delayed_start(ledger, req.id, shard, owner, req.hostname or "")
+        try:
+            started = self._delayed_start(ledger, req.id, shard, owner, req.hostname or "")
+        except StoreUnavailable as exc:
+            return self._delayed_store_down(exc, args, kwargs)
         if started.code == UNTRACKED:
             return super().__call__(*args, **kwargs)
         if started.code == CANCELLED:
@@ -164,6 +168,26 @@ class DelayedTask(RetryMixin, Task):  # type: ignore[misc]
         execution = Execution(req.id, shard, owner, started.attempt)
         req.delayed_owner = owner  # retrying.py passes it to its scripts, which check the lease
         return self._delayed_run(ledger, execution, args, kwargs)
+
+    def _delayed_store_down(self, exc: StoreUnavailable, args: Any, kwargs: Any) -> Any:
+        # With acks_late the message can go back to the queue: do that (after a
+        # pause, so an outage does not become a hot loop) rather than run blind.
+        # Acknowledged early, this delivery is the only copy left: run it untracked.
+        if self.acks_late:
+            logger.error("Store unavailable, requeueing %s[%s]: %s", self.name, self.request.id, exc)
+            time.sleep(1.0)
+            raise Reject(exc, requeue=True)
+        logger.error("Store unavailable, running %s[%s] without the ledger: %s", self.name, self.request.id, exc)
+        return super().__call__(*args, **kwargs)
+
+    def _delayed_finish(self, ledger: Ledger, ex: Execution, outcome: str, reason: str = "") -> tuple[int, str]:
+        # The body's outcome stands even if it cannot be recorded; the lease then
+        # passes and a later redelivery may run the body again (documented).
+        try:
+            return ledger.finish(ex, outcome, reason)
+        except DelayedError as exc:
+            logger.error("Could not record %s of %s[%s]: %s", outcome, self.name, ex.job_id, exc)
+            return 0, ""
 
     def _delayed_start(self, ledger: Ledger, job_id: str, shard: int, owner: str, hostname: str) -> Any:
         started = ledger.start(job_id, shard, owner, hostname)
@@ -183,15 +207,15 @@ class DelayedTask(RetryMixin, Task):  # type: ignore[misc]
             result = super().__call__(*args, **kwargs)
         except Retry:  # Celery's own retry sent a new message: the next delivery may start it
             keeper.stop()
-            ledger.finish(ex, "QUEUED")
+            self._delayed_finish(ledger, ex, "QUEUED")
             raise
         except Reject as exc:
             keeper.stop()
-            ledger.finish(ex, "QUEUED" if exc.requeue else "FAILED", reason=f"rejected: {exc.reason!r}")
+            self._delayed_finish(ledger, ex, "QUEUED" if exc.requeue else "FAILED", reason=f"rejected: {exc.reason!r}")
             raise
         except Ignore:  # the body chose to end here: that is its completion
             keeper.stop()
-            ledger.finish(ex, "SUCCEEDED")
+            self._delayed_finish(ledger, ex, "SUCCEEDED")
             raise
         except Exception as exc:
             keeper.stop()
@@ -199,12 +223,12 @@ class DelayedTask(RetryMixin, Task):  # type: ignore[misc]
                 self.delayed_handle_failure(exc, ExceptionInfo())
             finally:
                 # A failure nobody handled must not hold the job RUNNING until the lease passes.
-                ledger.finish(ex, "FAILED", reason=f"{type(exc).__name__}: {exc}"[:1000])
+                self._delayed_finish(ledger, ex, "FAILED", reason=f"{type(exc).__name__}: {exc}"[:1000])
             raise
         finally:
             keeper.stop()
             _local.execution = None
-        code, state = ledger.finish(ex, "SUCCEEDED")
+        code, state = self._delayed_finish(ledger, ex, "SUCCEEDED")
         if code < 0:
             logger.warning("Job %s[%s] finished, but its record says %s: not marked SUCCEEDED",
                            self.name, ex.job_id, state)
