@@ -96,3 +96,18 @@ def test_from_ms_to_ms_round_trip() -> None:
         dt = from_ms(ms)
         assert dt.tzinfo is not None and dt.utcoffset() == timedelta(0)
         assert to_ms(dt) == ms
+
+
+def test_bounds_keep_due_times_exact_in_lua() -> None:
+    """Lua prints numbers with %.14g: due times must stay under 10**14 ms."""
+    from celery_delayed.timeutil import MAX_DELAY_MS, MAX_DUE_MS
+
+    assert len(str(MAX_DUE_MS)) == 14
+    assert due_spec(MAX_DELAY_MS / 1000, UTC) == f"+{MAX_DELAY_MS}"
+    with pytest.raises(InvalidWhen, match="over the limit"):
+        due_spec(MAX_DELAY_MS / 1000 + 1, UTC)
+    with pytest.raises(InvalidWhen):
+        due_spec(10**400, UTC)  # an int too large for a float
+    with pytest.raises(InvalidWhen, match="too far away"):
+        due_spec(datetime(9999, 12, 31, tzinfo=UTC), UTC)
+    assert due_spec(datetime(4000, 1, 1, tzinfo=UTC), UTC) == str(to_ms(datetime(4000, 1, 1, tzinfo=UTC)))
