@@ -58,7 +58,8 @@ def delayed(ctx: click.Context) -> None:
 
 
 @delayed.command()
-@click.option("--loglevel", "-l", default="INFO", show_default=True, help="Logging level.")
+@click.option("--loglevel", "-l", default="INFO", show_default=True, help="Logging level.",
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], case_sensitive=False))
 @click.pass_context
 def run(ctx: click.Context, loglevel: str) -> None:
     """Run the scheduler until SIGTERM or SIGINT."""
@@ -69,7 +70,8 @@ def run(ctx: click.Context, loglevel: str) -> None:
     )
     app = _app(ctx)
     app.loader.import_default_modules()
-    sched = Scheduler(app)
+    with _errors():  # a wrong delayed_* setting: say which, without a traceback
+        sched = Scheduler(app)
 
     def _stop(signum: int, frame: FrameType | None) -> None:
         sched.stop()
@@ -93,7 +95,8 @@ def status(ctx: click.Context, as_json: bool) -> None:
     with _errors():
         store = get_store(_app(ctx))
         rows = store.shard_status()
-        members = [str(m) for m in store.client.zrange(store.keys.schedulers, 0, -1)]
+        # Live members only: a dead scheduler's entry stays until a heartbeat drops it.
+        members = [str(m) for m in store.client.zrangebyscore(store.keys.schedulers, store.now_ms(), "+inf")]
     if as_json:
         click.echo(json.dumps({"shards": rows, "schedulers": members}))
         return

@@ -135,3 +135,11 @@ def test_celery_command_line(redis_url, uid):
     res = celery("show", "nope")
     assert res.returncode == 1
     assert "no job with id 'nope'" in res.stderr
+
+
+def test_run_with_a_bad_setting_says_which(redis_url, uid):
+    app = make_app(redis_url, uid, delayed_lease_ms="soon")
+    res = invoke(app, "run")
+    assert res.exit_code == 1
+    assert "delayed_lease_ms must be an int" in res.output
+    assert "Traceback" not in res.output
