@@ -185,11 +185,14 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
 class Demo:
     """One run: schedule, follow, count."""
 
-    def __init__(self, url: str, tasks: int, spread_s: float, concurrency: int, logdir: Path) -> None:
+    def __init__(
+        self, url: str, tasks: int, spread_s: float, concurrency: int, logdir: Path, pool: str = "threads"
+    ) -> None:
         self.url = url
         self.n = tasks
         self.spread_ms = int(spread_s * 1000)
         self.concurrency = concurrency
+        self.pool = pool
         self.logdir = logdir
         run = uuid.uuid4().hex[:8]
         self.prefix = f"demo-{run}"
@@ -212,13 +215,13 @@ class Demo:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), env.get("PYTHONPATH", "")) if p)
         worker = Proc("worker", _celery(
-            "worker", "-l", "INFO", "-P", "threads", "-c", str(self.concurrency), "-Q", self.queue,
+            "worker", "-l", "INFO", "-P", self.pool, "-c", str(self.concurrency), "-Q", self.queue,
             "-n", f"{self.prefix}@%h", "--without-gossip", "--without-mingle", "--without-heartbeat",
         ), env, self.logdir)
         self.procs.append(worker)
         scheduler = Proc("scheduler", _celery("delayed", "run", "-l", "INFO"), env, self.logdir)
         self.procs.append(scheduler)
-        print(f"worker     celery -A proj worker -P threads -c {self.concurrency} -Q {self.queue} "
+        print(f"worker     celery -A proj worker -P {self.pool} -c {self.concurrency} -Q {self.queue} "
               f"(pid {worker.proc.pid})")
         print(f"scheduler  celery -A proj delayed run (pid {scheduler.proc.pid})", flush=True)
         _wait(lambda: "ready." in worker.output(), 60, self.procs, "the worker to be ready")
@@ -349,7 +352,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--tasks", type=_count, default=3000, help="how many tasks to schedule (default 3000)")
     p.add_argument("--spread", type=_seconds, default=10.0,
                    help="seconds over which their due times are spread (default 10)")
-    p.add_argument("--concurrency", type=_count, default=4, help="worker threads (default 4)")
+    p.add_argument("--concurrency", type=_count, default=4, help="worker threads or processes (default 4)")
+    p.add_argument("--pool", choices=("threads", "prefork"), default="threads",
+                   help="the worker's pool (default threads)")
     return p.parse_args(argv)
 
 
@@ -387,7 +392,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             url = server.url
             print(f"redis      private redis-server on {url} (set REDIS_URL to use another)")
         _check_reachable(url)
-        demo = Demo(url, args.tasks, args.spread, args.concurrency, logdir)
+        demo = Demo(url, args.tasks, args.spread, args.concurrency, logdir, args.pool)
         demo.start()
         handles, schedule_s = demo.schedule()
         cancelled = demo.cancel_some(handles)
