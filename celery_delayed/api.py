@@ -202,16 +202,39 @@ def apply_later_many(
     task = _lookup_task(app, name, strict)
     defaults = task_defaults(task) if task is not None else {}
     prepared = []
+    chosen: list[NewJob] = []  # jobs whose task_id the caller chose
     for call in calls:
         c = dict(call)
-        prepared.append(prepare(
+        p = prepare(
             app, name, c.pop("args", None), c.pop("kwargs", None), c.pop("when", 0),
             task_id=c.pop("task_id", None), shard_key=c.pop("shard_key", None),
             idempotency_key=c.pop("idempotency_key", None), task_type=task, options=defaults | c,
-        ))
+        )
+        prepared.append(p)
+        if call.get("task_id") is not None:
+            chosen.append(p.job)
     if not prepared:
         return []
+    if chosen:
+        _refuse_taken(app, chosen)
     return schedule_prepared(app, prepared)
+
+
+def _refuse_taken(app: Celery, jobs: Sequence[NewJob]) -> None:
+    """Refuse a batch whose caller-chosen task ids are taken, before anything is written.
+
+    schedule.lua reports a taken id only after the batch's other jobs were
+    written; this check (one round trip) leaves that to an id taken between
+    the check and the write.
+    """
+    seen: set[str] = set()
+    for job in jobs:
+        if job.id in seen:
+            raise InvalidOption(f"task_id {job.id!r} is given twice in this batch; give each job its own id")
+        seen.add(job.id)
+    for job, state in zip(jobs, get_store(app).states(jobs), strict=True):
+        if state is not None:
+            raise DuplicateJob(job.id, state)
 
 
 def cancel(app: Celery, job_id: str, *, terminate: bool = False, signal: str = "SIGTERM") -> str:

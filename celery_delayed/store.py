@@ -278,6 +278,16 @@ class Store:
                 return s
         raise JobNotFound(job_id)
 
+    def states(self, jobs: Sequence[NewJob]) -> list[str | None]:
+        """The state of each job's record (None: there is none), in one round trip."""
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for job in jobs:
+                pipe.hget(self.keys.shard(job.shard).job(job.id), "st")
+            return [None if st is None else str(st) for st in pipe.execute()]
+        except (RedisConnectionError, RedisTimeoutError) as exc:
+            raise _errors_as_unavailable(exc, self.config.redis_url) from exc
+
     def get(self, job_id: str, shard: int | None = None) -> dict[str, str]:
         """Return the job's record (without its message) or raise :class:`JobNotFound`."""
         try:

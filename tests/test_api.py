@@ -333,22 +333,25 @@ def test_bad_job_ids_for_cancel_reschedule_and_keys(tapp: Celery, bad: Any) -> N
             cancel_by_key(tapp, bad)
 
 
-def test_duplicate_id_in_a_batch(tapp: Celery) -> None:
-    with pytest.raises(DuplicateJob):
-        apply_later_many(tapp, NAME, [{"args": (1,), "task_id": "same"}, {"args": (2,), "task_id": "same"}])
+def test_duplicate_id_in_a_batch_stores_nothing(tapp: Celery, rclient: redis.Redis) -> None:
+    calls = [{"args": (i,), "when": 60} for i in range(10)]
+    with pytest.raises(InvalidOption, match="'same' is given twice in this batch"):
+        apply_later_many(tapp, NAME, [*calls, {"args": (1,), "task_id": "same"}, {"args": (2,), "task_id": "same"}])
+    assert keys_of(rclient, tapp) == set()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known limitation: a taken task_id is only seen by schedule.lua, after the other jobs of the "
-    "batch (other shards, earlier items) were written; the call raises DuplicateJob and returns no handles"
-))
 def test_a_taken_task_id_in_a_batch_stores_nothing(tapp: Celery, rclient: redis.Redis) -> None:
+    """Checked before writing (one round trip); only a race with another writer can still split a batch."""
     apply_later(tapp, NAME, args=(0,), when=60, task_id="taken")
     before = keys_of(rclient, tapp)
     calls = [{"args": (i,), "when": 60} for i in range(10)] + [{"args": (1,), "task_id": "taken"}]
-    with pytest.raises(DuplicateJob):
+    with pytest.raises(DuplicateJob, match="'taken' exists already"):
         apply_later_many(tapp, NAME, calls)
     assert keys_of(rclient, tapp) == before
+    # Chosen ids that are free go through; idempotency keys still return the existing job.
+    hs = apply_later_many(tapp, NAME, [{"args": (1,), "task_id": "free"}, {"args": (2,), "idempotency_key": "k"},
+                                       {"args": (3,), "idempotency_key": "k"}])
+    assert [h.created for h in hs] == [True, True, False]
 
 
 # -- Redis down -------------------------------------------------------------------------
