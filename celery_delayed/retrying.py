@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import traceback
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -65,6 +66,7 @@ _TB_MAX = 32_768  # characters of traceback kept; the tail, where the error is
 _MSG_MAX = 4_096
 _REPR_MAX = 4_096
 _RETRY_FAILED = (-1, -3)
+_handled = threading.local()  # (job id, exception) that retry_later dead-lettered already
 
 
 def header(request: Any, name: str) -> Any:
@@ -387,7 +389,9 @@ class RetryMixin:
         task: Any = self
         if isinstance(exc, (Retry, Ignore, Reject)) or not self._delayed_in_worker():
             return
-        if getattr(task.request, "_delayed_handled", None) is exc:
+        handled = getattr(_handled, "last", None)
+        _handled.last = None
+        if handled is not None and handled[0] == task.request.id and handled[1] is exc:
             return  # retry_later dead-lettered it already
         store = self._delayed_store()
         retryable = self.delayed_retryable(exc)
@@ -420,7 +424,9 @@ class RetryMixin:
         """Dead-letter the running job (idempotent for one request)."""
         task: Any = self
         request = task.request
-        request._delayed_handled = exc
+        # Task.__call__ pushes its own request context and pops it before the
+        # caller sees the exception: remember it per thread, not on the request.
+        _handled.last = (request.id, exc)
         store = self._delayed_store()
         shard = self._delayed_shard(store)
         # The dead letter keeps a message ready to requeue: retries back to 0.

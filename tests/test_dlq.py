@@ -111,6 +111,8 @@ def test_dead_letter_after_max_attempts_then_cli_requeue(redis_url, uid, workers
     assert rec["args"] == "(42,)" or rec["args"] == "[42]"
     assert "vip" in rec["kwargs"] and rec["host"] == w.name
     assert int(rec["first_at"]) < int(rec["last_at"]) <= int(rec["died"])
+    assert "dead-lettered after 2 attempt(s)" in w.output()
+    assert "not dead-lettered" not in w.output()  # dead-lettered once, not again by the failure handler
     # the optional notification reached the dead-letter queue's consumer
     wait_for(lambda: f"dlq:{h.id}" in [str(x).split("|")[0] for x in rclient.lrange(f"{prefix}:ran", 0, -1)],
              20, what="the dead-letter notification")
