@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from conftest import make_app
 from helpers import SchedulerProcess, WorkerProcess, wait_for
-from test_retry import QueueWatch, runs
+from retry_helpers import QueueWatch, runs
 
 from celery_delayed import DelayedResult, get_store, intercept
 from celery_delayed.errors import JobNotFound
