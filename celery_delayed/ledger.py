@@ -2,9 +2,9 @@
 
 One execution of a job at a time: ``start.lua`` re-reads the record and takes
 the job's execution lease (fields ``lo``/``lu``, see ``store.py``), a
-:class:`LeaseKeeper` thread extends it while the body runs, and
-``finish.lua`` records the outcome; a SUCCEEDED record is the done marker
-that turns a redelivery into a no-op until it expires.
+:class:`LeaseKeeper` (one heartbeat thread per process) extends it while the
+body runs, and ``finish.lua`` records the outcome; a SUCCEEDED record is the
+done marker that turns a redelivery into a no-op until it expires.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 
@@ -97,10 +98,12 @@ class Ledger:
 
 
 class LeaseKeeper:
-    """A daemon thread that extends an execution's lease every third of it until stopped.
+    """Extends one execution's lease every third of it until stopped.
 
-    It stops by itself when the lease is lost (the job was cancelled with
-    ``terminate``, or taken over after a stall longer than the lease); a
+    The beats come from one daemon thread per process (see :class:`_Beater`),
+    not a thread per execution: starting and stopping a keeper costs a dict
+    update. It stops by itself when the lease is lost (the job was cancelled
+    with ``terminate``, or taken over after a stall longer than the lease); a
     store outage is logged and retried at the next beat.
     """
 
@@ -108,30 +111,81 @@ class LeaseKeeper:
         self.ledger = ledger
         self.execution = execution
         self.interval_s = max(ledger.lease_ms / 3000.0, 0.05)
+        self.next_at = 0.0
         self.lost = False
-        self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run, name=f"celery-delayed-lease-{execution.job_id}", daemon=True,
-        )
+        self.stopped = False
 
     def start(self) -> LeaseKeeper:
         """Start beating; return self."""
-        self._thread.start()
+        self.next_at = time.monotonic() + self.interval_s
+        _beater().add(self)
         return self
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            try:
-                if not self.ledger.extend(self.execution):
+    def stop(self) -> None:
+        """Stop beating (idempotent). A beat already under way is harmless: the
+        script extends only a RUNNING job under this execution's owner."""
+        self.stopped = True
+        _beater().remove(self)
+
+    def beat(self) -> bool:
+        """Extend the lease once; return False when this keeper is done (stopped or lost)."""
+        if self.stopped:
+            return False
+        try:
+            if not self.ledger.extend(self.execution):
+                if not self.stopped:  # not just a beat that raced finish()
                     self.lost = True
                     logger.warning("job %s: execution lease lost (cancelled or taken over)",
                                    self.execution.job_id)
-                    return
-            except DelayedError as exc:
-                logger.warning("job %s: could not extend the execution lease: %s", self.execution.job_id, exc)
+                return False
+        except DelayedError as exc:
+            logger.warning("job %s: could not extend the execution lease: %s", self.execution.job_id, exc)
+        self.next_at = time.monotonic() + self.interval_s
+        return True
 
-    def stop(self) -> None:
-        """Stop beating (idempotent); waits for an extension in progress to end."""
-        self._stop.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(5)
+
+class _Beater:
+    """The one thread of a process that beats every running execution's :class:`LeaseKeeper`."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.keepers: set[LeaseKeeper] = set()
+        self.lock = threading.Lock()
+        self.wake = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="celery-delayed-leases", daemon=True)
+        self.thread.start()
+
+    def add(self, keeper: LeaseKeeper) -> None:
+        with self.lock:
+            self.keepers.add(keeper)
+        self.wake.set()  # it may be due before anything the thread sleeps toward
+
+    def remove(self, keeper: LeaseKeeper) -> None:
+        with self.lock:
+            self.keepers.discard(keeper)
+
+    def _run(self) -> None:
+        while True:
+            now = time.monotonic()
+            with self.lock:
+                due = [k for k in self.keepers if k.next_at <= now]
+            for k in due:
+                if not k.beat():
+                    self.remove(k)
+            with self.lock:
+                nxt = min((k.next_at for k in self.keepers), default=now + 60.0)
+            self.wake.wait(max(nxt - time.monotonic(), 0.0))
+            self.wake.clear()
+
+
+_beater_lock = threading.Lock()
+_the_beater: _Beater | None = None
+
+
+def _beater() -> _Beater:
+    """This process's beater; a forked child (prefork pool) gets its own."""
+    global _the_beater
+    with _beater_lock:
+        if _the_beater is None or _the_beater.pid != os.getpid():
+            _the_beater = _Beater()
+        return _the_beater

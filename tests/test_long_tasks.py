@@ -12,15 +12,15 @@ from __future__ import annotations
 import collections
 import os
 import signal
+import time
 
 import pytest
 from celery import Celery
 from conftest import make_app
 from helpers import WorkerProcess, ran, wait_for
 
-from celery_delayed import apply_later, get_store
-
-pytestmark = pytest.mark.e2e
+from celery_delayed import apply_later, apply_later_many, get_store
+from celery_delayed.ledger import RUN, Execution, LeaseKeeper, Ledger
 
 VISIBILITY_S = 2
 #: kombu's restore sweep: every second, a scan on each sweep (see issue 4's note on the throttle).
@@ -43,6 +43,7 @@ def _started(rclient, prefix: str) -> list[tuple[str, str]]:
     return [tuple(x.split("|")[:2]) for x in rclient.lrange(f"{prefix}:started", 0, -1)]
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(90)
 def test_task_running_3x_the_visibility_timeout_runs_once_plain_celery_twice(redis_url, uid, rclient, workers):
     app = make_app(redis_url, uid, **CONF)
@@ -66,6 +67,7 @@ def test_task_running_3x_the_visibility_timeout_runs_once_plain_celery_twice(red
     assert h.job()["att"] == "1"
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(90)
 def test_worker_killed_mid_task_its_job_is_completed_by_another_worker(redis_url, uid, rclient, workers):
     app = make_app(redis_url, uid, **CONF)
@@ -88,6 +90,7 @@ def test_worker_killed_mid_task_its_job_is_completed_by_another_worker(redis_url
     assert rec["att"] == "2" and rec["wk"] == w2.name
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(90)
 def test_pool_child_killed_redelivery_waits_for_the_lease_then_takes_over(redis_url, uid, rclient, workers):
     """task_reject_on_worker_lost requeues at once: the redelivery finds the dead child's lease still
@@ -109,3 +112,33 @@ def test_pool_child_killed_redelivery_waits_for_the_lease_then_takes_over(redis_
     assert [j for j, _ in starts] == [h.id, h.id] and starts[0][1] != starts[1][1]
     assert ran(rclient, prefix) == [h.id]
     assert h.job()["att"] == "2"
+
+
+def test_lease_keeper_beats_every_running_execution_until_stopped_or_lost(redis_url, uid):
+    """One heartbeat thread keeps 20 leases of 300 ms alive for 1 s; stopped, they pass;
+    a cancelled (terminated) job's keeper learns that its lease is lost."""
+    app = make_app(redis_url, uid, delayed_exec_lease_ms=300)
+    store = get_store(app)
+    ledger = Ledger(store)
+    hs = apply_later_many(app, "e2e.mark", ({"args": (i,), "when": 0} for i in range(20)), strict=False)
+    assert len(_release_all(app)) == 20
+    keepers = []
+    for h in hs:
+        assert ledger.start(h.id, h.shard, "me", "host").code == RUN
+        keepers.append(LeaseKeeper(ledger, Execution(h.id, h.shard, "me", 1)).start())
+
+    def live() -> int:
+        now = store.now_ms()
+        return sum(int(store.client.hget(store.keys.shard(h.shard).job(h.id), "lu") or 0) > now for h in hs)
+
+    seen = []
+    for _ in range(5):  # over 1 s, more than 3 leases long
+        seen.append(live())
+        time.sleep(0.2)
+    assert seen == [20] * 5
+    store.cancel(hs[0].id, running=True)
+    wait_for(lambda: keepers[0].lost, 2, what="the keeper to notice the lost lease")
+    for k in keepers:
+        k.stop()
+    wait_for(lambda: live() == 0, 2, what="the leases to pass once stopped")
+    assert not any(k.lost for k in keepers[1:])
