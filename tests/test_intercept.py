@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -12,7 +13,7 @@ from helpers import SchedulerProcess, WorkerProcess, wait_for
 from retry_helpers import QueueWatch, runs
 
 from celery_delayed import DelayedResult, get_store, intercept
-from celery_delayed.errors import JobNotFound
+from celery_delayed.errors import DuplicateJob, JobNotFound
 
 pytestmark = pytest.mark.e2e
 
@@ -79,3 +80,25 @@ def test_plain_apply_async_and_retry_are_stored_not_sent(redis_url, uid, workers
     assert all(hd.get("eta") is None for hd in seen), seen
     rec = store.get(r.id)
     assert rec["retries"] == "1" and rec["st"] == "QUEUED"
+
+
+def test_publish_options_dropped_unknown_options_left_to_celery(redis_url, uid, rclient, caplog):
+    app = make_app(redis_url, uid, delayed_intercept_eta=True)
+    mark = _stub(app, "rt.plain_mark")
+    store = get_store(app)
+    # publish-only options have no meaning for a stored job: still stored
+    h = mark.apply_async(args=(1,), countdown=60, retry=True, retry_policy={"max_retries": 1}, mandatory=False,
+                         priority=5, headers={"tenant": "acme"})
+    assert isinstance(h, DelayedResult) and store.get(h.id)["st"] == "SCHEDULED"
+    env = json.loads(rclient.hget(store.keys.shard(h.shard).job(h.id), "msg"))
+    assert env["headers"]["tenant"] == "acme" and env["properties"]["priority"] == 5
+    assert env["headers"]["eta"] is None and env["headers"]["id"] == h.id
+    # an option the store cannot keep: Celery's ETA message, as before, and a warning says why
+    with caplog.at_level("WARNING", logger="celery_delayed.intercept"):
+        other = mark.apply_async(args=(2,), countdown=60, some_stamp="x")
+    assert not isinstance(other, DelayedResult)
+    assert "some_stamp" in caplog.text
+    assert rclient.llen(app.conf.task_default_queue) == 1
+    # a task id still pending in the store is refused, not sent twice
+    with pytest.raises(DuplicateJob):
+        mark.apply_async(args=(3,), countdown=60, task_id=h.id)
