@@ -81,12 +81,13 @@ def install() -> None:
 
     @functools.wraps(original)
     def send_task(self: Celery, name: str, args: Any = None, kwargs: Any = None, countdown: Any = None,
-                  eta: Any = None, task_id: str | None = None, **options: Any) -> Any:
-        if countdown is not None or eta is not None:
+                  eta: Any = None, task_id: str | None = None, *more: Any, **options: Any) -> Any:
+        # (`more`: the rarely used positional producer, connection, ...: such a call passes through.)
+        if (countdown is not None or eta is not None) and not more:
             stored = _maybe_store(self, name, args, kwargs, countdown, eta, task_id, options)
             if stored is not None:
                 return stored
-        return original(self, name, args, kwargs, countdown=countdown, eta=eta, task_id=task_id, **options)
+        return original(self, name, args, kwargs, countdown, eta, task_id, *more, **options)
 
     Celery.send_task = send_task
 
