@@ -158,3 +158,34 @@ def test_publish_path_duplicate_runs_once_on_rabbitmq(rabbitmq_url, redis_url, u
     finally:
         with app.connection_for_write() as conn:
             conn.default_channel.queue_delete(queue)
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(90)
+def test_store_down_at_start_requeues_then_runs_once_it_is_back(redis_url, uid, rclient, workers):
+    """With acks_late, a delivery that cannot reach the store goes back to the queue unrun."""
+    from redis_server import RedisServer
+
+    from celery_delayed.scheduler.mover import PublishMover
+
+    store_srv = RedisServer(appendonly=True).start()  # its data survives a restart
+    try:
+        conf = {"task_acks_late": True}
+        app = make_app(redis_url, uid, delayed_redis_url=store_srv.url, **conf)
+        prefix, queue = app.conf.delayed_key_prefix, app.conf.task_default_queue
+        h = apply_later(app, "e2e.mark", when=0, strict=False)
+        mover = PublishMover(app, get_store(app))
+        assert mover.move(h.shard, "", "", 10).ids == [h.id]
+        mover.close()
+        store_srv.stop()
+        w = WorkerProcess(redis_url, prefix, queue, store=store_srv.url, conf=conf, concurrency=1)
+        workers.append(w)
+        wait_for(lambda: w.output().count("Store unavailable, requeueing") >= 2, 30, what="two requeues")
+        out = w.output()  # the body never ran blind (it would have succeeded or raised)
+        assert f"[{h.id}] succeeded" not in out and f"[{h.id}] raised" not in out
+        store_srv.start()
+        wait_for(lambda: h.job_state == "SUCCEEDED", 30, what="the job to run once the store is back")
+        store_client = get_store(app).client
+        assert [x.split("|")[0] for x in store_client.lrange(f"{prefix}:ran", 0, -1)] == [h.id]
+    finally:
+        store_srv.__exit__()
