@@ -12,17 +12,17 @@ to the dead-letter queue (``dead.lua``, see :mod:`celery_delayed.dlq`).
 Options resolve as Celery's ``Task.from_config`` does: call option > task
 attribute > ``delayed_*`` setting > default.
 
-=================== ============================ ==================================
-task attribute      setting                      meaning
-=================== ============================ ==================================
-``max_attempts``    ``delayed_max_attempts``     attempts in all (first run + retries)
-``backoff``         ``delayed_backoff``          policy: exponential, equal,
-                                                 decorrelated, fixed
-``backoff_base_s``  ``delayed_backoff_base_s``   first delay before jitter
-``backoff_factor``  ``delayed_backoff_factor``   growth per retry
-``backoff_cap_s``   ``delayed_backoff_cap_s``    longest delay
-``dlq_all_failures`` ``delayed_dlq_all_failures`` dead-letter non-retryable failures too
-=================== ============================ ==================================
+======================== ============================== ======================================
+task attribute           setting                        meaning
+======================== ============================== ======================================
+``max_attempts``         ``delayed_max_attempts``       attempts in all (first run + retries)
+``backoff``              ``delayed_backoff``            policy: exponential, equal,
+                                                        decorrelated, fixed
+``backoff_base_s``       ``delayed_backoff_base_s``     first delay before jitter
+``backoff_factor``       ``delayed_backoff_factor``     growth per retry
+``backoff_cap_s``        ``delayed_backoff_cap_s``      longest delay
+``dlq_all_failures``     ``delayed_dlq_all_failures``   dead-letter non-retryable failures too
+======================== ============================== ======================================
 
 Celery's ``max_retries`` given to ``retry()`` (or in ``retry_kwargs``) means
 ``max_attempts = max_retries + 1``; Celery's ``autoretry_for`` and
