@@ -34,14 +34,15 @@ delayed_dlq_max_len        int     10000        most dead letters kept (over all
                                                 each shard keeps ceil(max_len / shards))
 delayed_dlq_queue          str     None         also send each dead letter, as task
                                                 delayed_dlq_task, to this Celery queue
-delayed_dlq_task           str     "celery_delayed.dead_letter"
-                                                task name of those messages
+delayed_dlq_task           str     see meaning  task name of those messages; default
+                                                "celery_delayed.dead_letter"
 delayed_dlq_all_failures   bool    False        dead-letter every final failure, not only
                                                 jobs that ran out of retries
 delayed_intercept_eta      bool    False        route apply_async(eta=/countdown=) and
                                                 Task.retry(countdown=) of every task
                                                 through the store
-delayed_intercept_min_delay_s float 1.0         shorter delays stay broker ETA messages
+delayed_intercept_min_delay_s
+                           float   1.0          shorter delays stay broker ETA messages
 delayed_exec_lease_ms      int     30000        worker side: execution lease of a running
                                                 job, extended by a heartbeat every third
                                                 of it; a dead worker's job can be taken
