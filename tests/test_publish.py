@@ -12,7 +12,7 @@ import pytest
 import redis
 from conftest import make_app
 from helpers import SchedulerProcess, WorkerProcess, _env, _Proc, ran, wait_for
-from kombu import Connection
+from kombu import Connection, Exchange, Queue
 
 from celery_delayed import apply_later, apply_later_many, get_store
 from celery_delayed.scheduler import PublishMover
@@ -70,9 +70,8 @@ def test_publish_mover_publishes_with_confirms_to_rabbitmq(redis_url, rabbitmq_u
     try:
         batch = mover.move(h.shard, "", "", 10)
         assert batch.ids == [h.id]
-        channel = mover._producer.channel
-        assert channel.connection.confirm_publish, "publisher confirms are off"
-        assert channel._confirm_selected, "the channel is not in confirm mode"
+        assert mover.confirms, "publisher confirms are off"
+        assert mover.confirmed == 1, "the broker's confirm was not received"
     finally:
         mover.close()
     assert store.get(h.id)["st"] == "QUEUED"
@@ -82,6 +81,26 @@ def test_publish_mover_publishes_with_confirms_to_rabbitmq(redis_url, rabbitmq_u
         assert msg.headers["id"] == h.id and msg.headers["task"] == "e2e.mark"
         assert msg.headers["delayed_shard"] == h.shard
         msg.ack()
+
+
+@pytest.mark.timeout(60)
+def test_refused_messages_stay_claimed(redis_url, rabbitmq_url, uid, rabbit_queue):
+    """RabbitMQ nacks publishes to a full queue (reject-publish): only the confirmed claims are acknowledged."""
+    full = Queue(rabbit_queue, Exchange(rabbit_queue), routing_key=rabbit_queue,
+                 queue_arguments={"x-max-length": 3, "x-overflow": "reject-publish"})
+    app = make_app(rabbitmq_url, uid, delayed_redis_url=redis_url, delayed_shards=1, task_queues=[full])
+    store = get_store(app)
+    ids = schedule(app, 5, lambda i: 0)
+    mover = PublishMover(app, store)
+    try:
+        batch = mover.move(0, "", "", 10)
+    finally:
+        mover.close()
+    assert sorted(batch.ids) == sorted(ids)
+    assert (mover.confirmed, mover.refused) == (3, 2)
+    states = collections.Counter(store.get(j)["st"] for j in ids)
+    assert states == {"QUEUED": 3, "CLAIMED": 2}
+    assert inflight(store.client, app.conf.delayed_key_prefix) == 2
 
 
 @pytest.mark.timeout(150)

@@ -19,6 +19,7 @@ from celery import Celery
 from kombu import Exchange, Queue
 
 from ..store import Batch, Store
+from .confirms import BatchConfirms
 
 logger = logging.getLogger("celery_delayed.scheduler")
 
@@ -41,14 +42,15 @@ class _Events:
         self.enabled = bool(app.conf.task_send_sent_event)
         self._dispatcher: Any = None
 
-    def send(self, batch: Batch) -> None:
-        if not self.enabled or not any(batch.events):
+    def send(self, events: list[dict[str, Any] | None]) -> None:
+        """Send a ``task-sent`` event per released job that carries event fields."""
+        if not self.enabled or not any(events):
             return
         try:
             if self._dispatcher is None:
                 conn = self.app.connection_for_write()
                 self._dispatcher = self.app.events.Dispatcher(conn, enabled=True)
-            for fields in batch.events:
+            for fields in events:
                 if fields:
                     self._dispatcher.send("task-sent", **fields)
         except Exception:  # events are best effort: the jobs were released already
@@ -74,7 +76,7 @@ class DirectMover:
 
     def move(self, shard: int, owner: str, fence: str, limit: int) -> Batch:
         batch = self.store.release_due(shard, owner, fence, limit=limit)
-        self.events.send(batch)
+        self.events.send(batch.events)
         return batch
 
     def close(self) -> None:
@@ -82,24 +84,46 @@ class DirectMover:
 
 
 class PublishMover:
-    """Claims due jobs, publishes each with kombu, then acknowledges the claims."""
+    """Claims due jobs, publishes them with kombu, then acknowledges the claims.
+
+    On an AMQP broker the batch is published with publisher confirms (unless
+    ``broker_transport_options`` sets ``confirm_publish`` False), waited for
+    once per batch; only the messages the broker confirmed are acknowledged.
+    A refused (nacked) or unconfirmed message stays claimed and is published
+    again when its claim lease runs out: at-least-once.
+    """
 
     def __init__(self, app: Celery, store: Store) -> None:
         self.app = app
         self.store = store
         self.events = _Events(app)
+        self.confirmed = 0  # messages the broker confirmed (AMQP)
+        self.refused = 0  # messages the broker nacked (AMQP)
         self._conn: Any = None
         self._producer: Any = None
+        self._confirms: BatchConfirms | None = None
+        opts = app.conf.broker_transport_options or {}
+        self._want_confirms = opts.get("confirm_publish", True) is not False
+        self._confirm_timeout_s = max(1.0, store.config.claim_lease_ms / 2000.0)
         # Test hook: called with the batch after it was published, before the ack.
         self.before_ack: Callable[[Batch], None] | None = None
+
+    @property
+    def confirms(self) -> bool:
+        """True when batches are published with publisher confirms (connected to AMQP)."""
+        return self._confirms is not None
 
     def _get_producer(self) -> Any:
         if self._producer is None:
             conn = self.app.connection_for_write()
-            if conn.transport.driver_type == "amqp":
-                conn.transport_options.setdefault("confirm_publish", True)
+            amqp = conn.transport.driver_type == "amqp"
+            if amqp:
+                # Our own copy of the options: py-amqp must not wait per message.
+                conn.transport_options["confirm_publish"] = False
             self._conn = conn
             self._producer = self.app.amqp.Producer(conn, auto_declare=False)
+            if amqp and self._want_confirms:
+                self._confirms = BatchConfirms(self._producer.channel)
         return self._producer
 
     def move(self, shard: int, owner: str, fence: str, limit: int) -> Batch:
@@ -107,18 +131,57 @@ class PublishMover:
         if not batch.ids:
             return batch
         try:
-            producer = self._get_producer()
-            for msg, ex, rk, q in batch.messages:
-                self._publish(producer, msg, ex, rk, q)
+            published = self._publish_batch(batch)
         except Exception:
             # The claims stay in flight and are claimed again when they expire.
             self.close()
             raise
         if self.before_ack is not None:
             self.before_ack(batch)
-        self.store.ack_claimed(shard, batch.ids)
-        self.events.send(batch)
+        self.store.ack_claimed(shard, published)
+        if len(published) < len(batch.ids):
+            logger.warning(
+                "shard %d: the broker refused %d of %d messages; they are published again after "
+                "the claim lease (%d ms)", shard, len(batch.ids) - len(published), len(batch.ids),
+                self.store.config.claim_lease_ms,
+            )
+            sent = set(published)
+            self.events.send([e for jid, e in zip(batch.ids, batch.events, strict=True) if jid in sent])
+        else:
+            self.events.send(batch.events)
         return batch
+
+    def _publish_batch(self, batch: Batch) -> list[str]:
+        """Publish every claimed message; return the ids the broker took.
+
+        A connection lost mid-batch is replaced once and the whole batch
+        published again (duplicates are allowed on this path; waiting out the
+        claim lease is not needed for a blip).
+        """
+        for attempt in (1, 2):
+            try:
+                producer = self._get_producer()
+                for jid, (msg, ex, rk, q) in zip(batch.ids, batch.messages, strict=True):
+                    self._publish(producer, msg, ex, rk, q)
+                    if self._confirms is not None:
+                        self._confirms.published(jid)
+                if self._confirms is None:
+                    return list(batch.ids)
+                acked, nacked = self._confirms.wait(self._confirm_timeout_s)
+                self.confirmed += len(acked)
+                self.refused += len(nacked)
+                return acked
+            except Exception as exc:
+                if attempt == 2 or not self._connection_error(exc):
+                    raise
+                logger.warning("publishing a batch failed (%s); reconnecting to publish it again", exc)
+                self.close()
+        raise AssertionError("unreachable")
+
+    def _connection_error(self, exc: BaseException) -> bool:
+        conn = self._conn or self.app.connection_for_write()
+        errors = tuple(conn.connection_errors) + tuple(conn.channel_errors)
+        return isinstance(exc, errors)
 
     def _publish(self, producer: Any, msg: str, ex: str, rk: str, q: str) -> None:
         env = json.loads(msg)
@@ -145,9 +208,11 @@ class PublishMover:
             content_encoding=env["content-encoding"],
             headers=headers,
             declare=declare,
-            retry=True,
+            # kombu's retry would publish again on a new channel, which breaks
+            # the count of confirms; _publish_batch retries the batch instead.
             # Short: a stop waits for the batch in hand, and an unreachable
             # broker is the loop's to back off from (the claims stay in flight).
+            retry=self._confirms is None,
             retry_policy=_RETRY_POLICY,
             expiration=expiration,
             **props,
@@ -160,7 +225,7 @@ class PublishMover:
                 self._conn.release()
             except Exception:
                 logger.debug("closing the publish connection failed", exc_info=True)
-        self._conn = self._producer = None
+        self._conn = self._producer = self._confirms = None
 
 
 def _remaining_s(expires: Any) -> float | None:
