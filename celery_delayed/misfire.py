@@ -82,6 +82,7 @@ def release_fields(options: MutableMapping[str, Any], task: Any, config: Delayed
     Raises:
         InvalidOption: a value of the wrong type or an unknown policy; nothing is stored.
     """
+    called = {k: options[k] for k in OPTIONS if k in options}
     if "misfire" in options:
         mf = _policy(options.pop("misfire"), "misfire")
     elif getattr(task, "misfire", None) is not None:
@@ -94,6 +95,17 @@ def release_fields(options: MutableMapping[str, Any], task: Any, config: Delayed
         ml = _lateness_ms(task.max_lateness, f"{getattr(task, 'name', 'task')}.max_lateness")
     else:
         ml = None if config.max_lateness_s is None else round(config.max_lateness_s * 1000)
+    # A call option that would be silently ignored is refused instead.
+    if (call_mf := called.get("misfire")) and call_mf != "run" and ml is None:
+        raise InvalidOption(
+            f"misfire={call_mf!r} needs max_lateness (seconds): pass max_lateness=, set it on "
+            "the task or set delayed_max_lateness_s"
+        )
+    if called.get("max_lateness") is not None and "misfire" not in called and mf == "run":
+        raise InvalidOption(
+            "max_lateness has no effect with misfire='run' (the default): pass misfire='skip' or "
+            "'dead', set it on the task or set delayed_misfire"
+        )
     out: dict[str, str] = {}
     exp = expires_ms(options.get("expires"))
     if exp is not None:

@@ -103,6 +103,10 @@ def test_bad_misfire_input_is_refused_and_writes_nothing(redis_url, uid, app):
         apply_later(app, "e2e.mark", when=0, max_lateness=-1, misfire="skip", strict=False)
     with pytest.raises(InvalidOption, match="expires must be seconds from now or a datetime"):
         apply_later(app, "e2e.mark", when=0, expires="soon", strict=False)
+    with pytest.raises(InvalidOption, match=r"misfire='skip' needs max_lateness"):
+        apply_later(app, "e2e.mark", when=0, misfire="skip", strict=False)
+    with pytest.raises(InvalidOption, match="max_lateness has no effect with misfire='run'"):
+        apply_later(app, "e2e.mark", when=0, max_lateness=5, strict=False)
     assert sum(r["pending"] for r in get_store(app).shard_status()) == 0
     with pytest.raises(ConfigurationError, match="delayed_misfire"):
         get_config(make_app(redis_url, uid + "x", delayed_misfire="never"))
