@@ -13,6 +13,7 @@ import redis
 from conftest import make_app
 from helpers import SchedulerProcess, WorkerProcess, _env, _Proc, ran, wait_for
 from kombu import Connection, Exchange, Queue
+from redis_server import free_port
 
 from celery_delayed import apply_later, apply_later_many, get_store
 from celery_delayed.scheduler import PublishMover
@@ -185,3 +186,38 @@ def test_publish_path_with_a_separate_redis_broker(redis_url, uid, workers, rcli
     assert set(counts) == set(ids) and max(counts.values()) == 1
     assert inflight(rclient, prefix) == 0
     assert rclient.llen(queue) == 0, "nothing may go to the store's database"
+
+
+@pytest.mark.timeout(90)
+def test_broker_down_keeps_the_claims_and_stops_promptly(redis_url, rabbitmq_url, uid, workers, rclient,
+                                                         rabbit_queue):
+    """RabbitMQ unreachable: the scheduler logs and backs off without claiming anything, SIGTERM still
+    stops it at once, and the next scheduler publishes every job."""
+    conf = {"delayed_shards": SHARDS, "delayed_claim_lease_ms": 1000}
+    down = f"amqp://guest:guest@127.0.0.1:{free_port()}//"
+    app = make_app(rabbitmq_url, uid, delayed_redis_url=redis_url, **conf)
+    prefix = app.conf.delayed_key_prefix
+    ids = schedule(app, 20, lambda i: 0)
+    s1 = SchedulerProcess(down, prefix, rabbit_queue, store=redis_url, conf=conf)
+    workers.append(s1)
+    wait_for(lambda: s1.output().count("unavailable") >= 2, 30, what="the scheduler to report the broker down")
+    assert s1.proc.poll() is None
+    t0 = time.monotonic()
+    s1.proc.send_signal(signal.SIGTERM)
+    s1.proc.wait(10)
+    stopped = time.monotonic() - t0
+    assert s1.proc.returncode == 0 and stopped < 3.0, (stopped, s1.output()[-3000:])
+    states = collections.Counter(get_store(app).get(j)["st"] for j in ids)
+    assert states == {"SCHEDULED": len(ids)}, "jobs were claimed although the broker was down"
+
+    workers.append(SchedulerProcess(rabbitmq_url, prefix, rabbit_queue, store=redis_url, conf=conf))
+    wait_for(lambda: inflight(rclient, prefix) == 0 and all(
+        get_store(app).get(j)["st"] == "QUEUED" for j in ids), 30, what="the claims to be published")
+    with Connection(rabbitmq_url) as conn, conn.SimpleQueue(rabbit_queue) as q:
+        got = set()
+        while len(got) < len(ids):
+            msg = q.get(timeout=5)
+            got.add(msg.headers["id"])
+            msg.ack()
+    assert got == set(ids)
+    print(f"\nbroker down: SIGTERM honoured in {stopped * 1000:.0f} ms; {len(ids)} jobs published after")

@@ -264,14 +264,14 @@ class Scheduler:
         )
         self._listener.start()
         backoff = 0.1
-        failing = False
+        failures = 0
         try:
             while not self._stop.is_set():
                 try:
                     sleep_s = self.run_once()
-                    if failing:
-                        logger.warning("scheduler %s: store reachable again; resuming", self.owner)
-                        failing = False
+                    if failures:
+                        logger.warning("scheduler %s: resuming after %d failed attempt(s)", self.owner, failures)
+                        failures = 0
                     backoff = 0.1
                 except Exception as exc:
                     if isinstance(exc, _TRANSIENT):
@@ -279,7 +279,7 @@ class Scheduler:
                                        exc, backoff)
                     else:
                         logger.exception("scheduler: unexpected error; retrying in %.1fs", backoff)
-                    failing = True
+                    failures += 1
                     # Jitter keeps several schedulers from reconnecting in lockstep.
                     sleep_s = backoff * (0.5 + random.random())
                     backoff = min(backoff * 2, _MAX_BACKOFF_S)

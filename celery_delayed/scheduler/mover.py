@@ -23,6 +23,7 @@ from .confirms import BatchConfirms
 
 logger = logging.getLogger("celery_delayed.scheduler")
 
+_CONNECT_RETRY = {"max_retries": 1, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5}
 _RETRY_POLICY = {"max_retries": 3, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5}
 
 
@@ -121,12 +122,23 @@ class PublishMover:
                 # Our own copy of the options: py-amqp must not wait per message.
                 conn.transport_options["confirm_publish"] = False
             self._conn = conn
+            # kombu retries a connect for long by default; the loop backs off
+            # itself and must stay responsive to a stop meanwhile.
+            conn.ensure_connection(**_CONNECT_RETRY)
             self._producer = self.app.amqp.Producer(conn, auto_declare=False)
             if amqp and self._want_confirms:
                 self._confirms = BatchConfirms(self._producer.channel)
         return self._producer
 
     def move(self, shard: int, owner: str, fence: str, limit: int) -> Batch:
+        try:
+            # Connect before claiming: while the broker is down the jobs stay
+            # scheduled, and go out as soon as it is back, instead of waiting
+            # in flight for their claim lease to run out.
+            self._get_producer()
+        except Exception:
+            self.close()
+            raise
         batch = self.store.claim_due(shard, owner, fence, limit=limit)
         if not batch.ids:
             return batch
