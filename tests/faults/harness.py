@@ -60,6 +60,8 @@ class FaultProc(_Proc):
 
     def __init__(self, kind: str, args: list[str], env: dict[str, str], launcher: list[str] | None = None) -> None:
         self.kind = kind
+        self.spec = (args, env, launcher)
+        self.killed = False  # by the harness (a fault), as opposed to a crash
         base = launcher or [sys.executable, "-m", "celery"]
         super().__init__([*base, "-A", "fault_app", *args], env)
 
@@ -78,6 +80,8 @@ class Outcome:
     lost: int = 0  # jobs that never ran and are not in the store either
     duplicated: int = 0  # jobs whose body ended more than once
     delivered_twice: int = 0  # jobs whose message reached a worker more than once
+    lost_in_store: int = 0  # of lost: no record, or never released
+    lost_in_broker: int = 0  # of lost: released (QUEUED) but the message is gone from the broker
     seconds: float = 0.0
     notes: dict[str, Any] = field(default_factory=dict)
 
@@ -91,6 +95,8 @@ class Outcome:
 
     def line(self) -> str:
         extra = "".join(f", {k}={v}" for k, v in self.notes.items())
+        if self.lost:
+            extra = f" (in store {self.lost_in_store}, in broker {self.lost_in_broker}){extra}"
         return (f"[faults] {self.scenario}: jobs={self.jobs} faults={self.faults} executed={self.executed} "
                 f"lost={self.lost} duplicated={self.duplicated} delivered_twice={self.delivered_twice} "
                 f"in {self.seconds:.1f}s{extra}")
@@ -113,6 +119,7 @@ class FaultRun:
         self.procs: list[FaultProc] = []
         self.app: Celery | None = None
         self.t0 = time.monotonic()
+        self.crashes = 0  # processes that exited on their own (restarted by supervise())
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -121,10 +128,14 @@ class FaultRun:
         self.app = make_app(self.redis.url, self.uid, **self.conf)
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        keep = exc_type is not None or bool(os.environ.get("FAULTS_KEEP_LOGS"))
         for p in self.procs:
             p.stop(timeout=10)
-            Path(p.log.name).unlink(missing_ok=True)
+            if keep:
+                print(f"[faults] {p.kind} pid {p.pid} log: {p.log.name}")
+            else:
+                Path(p.log.name).unlink(missing_ok=True)
         self.redis.stop("kill")
         shutil.rmtree(self.redis.dir, ignore_errors=True)
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -154,8 +165,9 @@ class FaultRun:
         return _fault_env(self.url, self.prefix, self.queue, self.conf | (conf or {}), self.runlog,
                           extra_env=extra_env)
 
-    def scheduler(self, conf: dict[str, Any] | None = None, launcher: list[str] | None = None) -> FaultProc:
-        p = FaultProc("scheduler", ["delayed", "run", "-l", "INFO"], self.env(conf), launcher)
+    def scheduler(self, conf: dict[str, Any] | None = None, launcher: list[str] | None = None,
+                  extra_env: dict[str, str] | None = None) -> FaultProc:
+        p = FaultProc("scheduler", ["delayed", "run", "-l", "INFO"], self.env(conf, extra_env), launcher)
         self.procs.append(p)
         return p
 
@@ -228,28 +240,45 @@ class FaultRun:
         return True
 
     def outcome(self, scenario: str, ids: list[str], faults: int, *, exclude: Iterable[str] = ()) -> Outcome:
-        """Count executed / lost / duplicated jobs of ``ids`` (``exclude``: expected not to run)."""
+        """Count executed / lost / duplicated jobs of ``ids`` (``exclude``: expected not to run).
+
+        Call it after waiting for everything due to run: a job that has not
+        run by then is lost (its record's state, if it has one, goes into
+        ``notes["not_run"]``).
+        """
         counts = self.counts()
         delivered = self.deliveries()
         skip = set(exclude)
         jobs = [i for i in ids if i not in skip]
         not_run = [i for i in jobs if counts[i] == 0]
-        lost = len(not_run)
+        out = Outcome(scenario, len(jobs), faults=faults, executed=len(jobs) - len(not_run), lost=len(not_run),
+                      duplicated=sum(1 for i in jobs if counts[i] > 1),
+                      delivered_twice=sum(1 for i in jobs if delivered[i] > 1),
+                      seconds=time.monotonic() - self.t0)
         if not_run:
-            # A job that did not run but is still in the store is late, not lost.
             store = self.store()
-            pending = 0
-            for i in not_run:
+            # Where the message of a job that did not run is: still on the queue, held in
+            # kombu's unacked hash (restored after visibility_timeout), or nowhere.
+            listed = "\n".join(store.client.lrange(self.queue, 0, -1))
+            unacked = "\n".join(store.client.hvals("unacked"))
+            states: collections.Counter[str] = collections.Counter()
+            for i in not_run[:500]:
                 try:
-                    rec = store.get(i)
+                    st = store.get(i).get("st")
                 except Exception:
+                    st = None
+                if st is None:
+                    out.lost_in_store += 1  # acknowledged to the caller, then gone
+                    states["no record"] += 1
                     continue
-                if rec.get("st") in ("SCHEDULED", "CLAIMED", "QUEUED", "RUNNING"):
-                    pending += 1
-            lost -= pending
-        return Outcome(scenario, len(jobs), faults, sum(1 for i in jobs if counts[i] > 0), lost,
-                       sum(1 for i in jobs if counts[i] > 1), sum(1 for i in jobs if delivered[i] > 1),
-                       time.monotonic() - self.t0)
+                where = "on the queue" if i in listed else "in unacked" if i in unacked else "message gone"
+                if st in ("SCHEDULED", "CLAIMED"):
+                    out.lost_in_store += 1  # never released
+                elif where == "message gone":
+                    out.lost_in_broker += 1  # released, then the broker lost the message
+                states[f"{st}, delivered {delivered[i]}x, {where}"] += 1
+            out.notes["not_run"] = dict(states)
+        return out
 
     def store_problems(self) -> list[str]:
         """Inconsistencies of the store (an empty list when it is consistent)."""
@@ -296,8 +325,24 @@ class FaultRun:
 
     # -- faults ----------------------------------------------------------------------
 
+    def supervise(self) -> int:
+        """Start again every process that exited on its own (as systemd or Kubernetes would).
+
+        Returns how many were restarted; their logs stay readable.
+        """
+        restarted = 0
+        for p in list(self.procs):
+            if not p.alive() and not p.killed and not getattr(p, "replaced", False):
+                p.replaced = True  # type: ignore[attr-defined]
+                args, env, launcher = p.spec
+                self.procs.append(FaultProc(p.kind, args, env, launcher))
+                restarted += 1
+        self.crashes += restarted
+        return restarted
+
     def kill(self, proc: FaultProc) -> None:
         """SIGKILL the whole process group (a crash: no clean-up, no goodbye)."""
+        proc.killed = True
         if proc.alive():
             os.killpg(proc.pid, signal.SIGKILL)
             proc.proc.wait(10)

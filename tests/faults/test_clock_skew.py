@@ -1,0 +1,58 @@
+"""Scenario 6: app servers and schedulers whose clocks are off by +/-30 s release nothing early.
+
+Two schedulers run with ``time.time()`` shifted by +30 s and -30 s (skewed.py);
+the test process schedules with its own clock shifted as well. Due-ness is
+decided by the Redis server's clock: every job is released at or after its
+due time, and not held back by the slow clock either.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+from harness import HERE, FaultRun
+
+from celery_delayed import apply_later_many
+
+pytestmark = pytest.mark.e2e
+
+SKEW_S = 30.0
+JOBS = 300
+
+
+@pytest.mark.timeout(120)
+def test_skewed_clocks_release_nothing_early(monkeypatch: pytest.MonkeyPatch) -> None:
+    with FaultRun(seed=8, conf={"delayed_lease_ms": 2000, "delayed_shards": 8}) as run:
+        launcher = [sys.executable, str(HERE / "skewed.py")]
+        for skew in (+SKEW_S, -SKEW_S):
+            run.scheduler(launcher=launcher, extra_env={"SKEW_S": str(skew)})
+        run.wait_ready(run.worker(concurrency=8))
+        real = time.time
+        ids: list[str] = []
+        for skew in (+SKEW_S, -SKEW_S):
+            monkeypatch.setattr(time, "time", lambda s=skew: real() + s)
+            calls = [{"args": (i,), "when": 1.0 + 3.0 * i / JOBS} for i in range(JOBS // 2)]
+            ids += [h.id for h in apply_later_many(run.app, "fault.run", calls, strict=False)]
+        monkeypatch.setattr(time, "time", real)
+        assert run.wait_executed(ids, 60)
+        store = run.store()
+        early, late_ms = 0, []
+        for i in ids:
+            rec = store.get(i)
+            due, released = int(rec["due"]), int(rec["released"])
+            early += released < due
+            late_ms.append(released - due)
+        started = {i: t for i, _, _, t in run.runs("start")}
+        early_start = sum(1 for i in ids if started[i] * 1000 < int(store.get(i)["due"]))
+        late_ms.sort()
+        out = run.outcome("clock skew +/-30 s (schedulers and app)", ids, 2)
+        out.notes.update(released_early=early, started_early=early_start,
+                         p50_late_ms=late_ms[len(late_ms) // 2], max_late_ms=late_ms[-1])
+        out.report()
+        assert early == 0 and early_start == 0, out.line()
+        assert late_ms[-1] < 2000, "a skewed scheduler held jobs back"
+        assert out.lost == 0 and out.duplicated == 0
+        logs = "".join(p.output() for p in run.procs if p.kind == "scheduler")
+        assert "holds" in logs
