@@ -141,3 +141,15 @@ def test_misfire_dead_letters_are_bounded_by_the_dlq_trim(redis_url, uid, rclien
     kept = set(rclient.zrange(dlq, 0, -1))
     for h in hs:  # the trimmed ones are deleted, not left behind
         assert rclient.exists(_key(app, h)) == (h.id in kept)
+
+
+def test_misfire_dead_letter_is_listed_and_requeued_by_the_dlq_api(app):
+    from celery_delayed import dlq
+
+    h = apply_later(app, "e2e.mark", (1,), when=0, max_lateness=1, misfire="dead", strict=False)
+    _release(app, now_ms=h.due_ms + 5_000)
+    [letter] = dlq.list_dead(app)
+    assert letter.id == h.id and letter.error.startswith("Misfire: misfire: released 5000 ms late")
+    dlq.requeue(app, h.id)
+    assert h.job_state == "SCHEDULED"
+    assert _release(app) == [h.id]  # requeued "now": within its max_lateness again
