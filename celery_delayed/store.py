@@ -118,8 +118,16 @@ class Batch:
 
 
 def _errors_as_unavailable(exc: Exception, url: str) -> StoreUnavailable:
+    # Refused or timed out while connecting: the command never left. Lost while
+    # reading the reply: it may have run (a frozen server wakes up and runs it).
+    sent = "connecting" not in str(exc).lower()
+    outcome = (
+        "the command may have reached Redis, so it may or may not have been written; calling "
+        "again with the same task_id (DuplicateJob: it was) or idempotency_key is safe"
+        if sent else "nothing was written"
+    )
     return StoreUnavailable(
-        f"cannot reach the celery-delayed store at {_redact(url)}: {exc}; nothing was written. "
+        f"cannot reach the celery-delayed store at {_redact(url)}: {exc}; {outcome}. "
         "Check that Redis is running and delayed_redis_url (or broker_url) points at it"
     )
 

@@ -66,7 +66,7 @@ def test_refused_for_5s_typed_error_nothing_written_scheduler_resumes() -> None:
         written = [i for i in tried if store.client.exists(store.keys.shard(store.shard_of(i)).job(i))]
         assert written == [], f"{len(written)} refused calls left records"
         log = sched.output()
-        assert "store unavailable" in log and "retrying in" in log
+        assert "unavailable" in log and "retrying in" in log, "the scheduler did not log the outage"
         assert sched.alive() and w.alive()
         out = run.outcome("redis refused for 5 s", before + during, 1)
         out.notes.update(refused_calls=len(tried), slowest_refusal_s=round(slowest, 2),
@@ -92,7 +92,7 @@ def test_frozen_server_times_out_with_a_typed_error() -> None:
             os.kill(run.redis.proc.pid, signal.SIGCONT)
         assert took < OUTAGE_S
         msg = str(info.value)
-        assert "may have been written" in msg, msg
+        assert "may or may not have been written" in msg, msg
         # Retrying with the same idempotency key is safe: one job, whether the first call landed or not.
         h = wait_for(lambda: _retry(app), 10, what="the store to answer again")
         assert h.id == apply_later(app, "fault.run", when=60, idempotency_key="order-1", strict=False).id
