@@ -8,12 +8,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from celery import Celery
+from celery._state import _task_stack
 
 from .errors import DuplicateJob, InvalidOption, UnknownTask
-from .message import build_message, check_options, task_defaults
+from .keys import shard_for
+from .message import BuiltMessage, build_message, check_options, task_defaults
 from .misfire import release_fields
 from .result import DelayedResult
-from .store import NewJob, get_store
+from .store import NewJob, Store, get_store
+from .template import Template, fast_uuid4, template_for
 from .timeutil import due_spec
 
 #: Namespace of job ids derived from idempotency keys (uuid5).
@@ -89,7 +92,7 @@ def prepare(
     elif task_id is not None:
         task_id = _check_str("task_id", task_id, _MAX_ID)
     else:
-        task_id = str(uuid.uuid4())
+        task_id = fast_uuid4()
     if shard_key is not None:
         if isinstance(shard_key, bool) or not isinstance(shard_key, (str, int)):
             raise InvalidOption(f"shard_key must be a string or an int, got {type(shard_key).__name__}")
@@ -99,6 +102,12 @@ def prepare(
     if not isinstance(headers, Mapping):
         raise InvalidOption(f"headers must be a mapping, got {type(headers).__name__}")
     headers = dict(headers)
+    fast = _render_fast(app, store, name, args or (), kwargs or {}, task_id, shard, options, headers, task_type,
+                        release)
+    if fast is not None:
+        common, fields = fast
+        fields["sk"], fields["ik"] = shard_key or "", idempotency_key or ""
+        return _Prepared(NewJob(task_id, shard, due, fields, common), idempotency_key is not None)
     headers["delayed_shard"] = shard
     built = build_message(
         app, name, args or (), kwargs or {}, task_id, options | {"headers": headers}, task_type,
@@ -116,6 +125,107 @@ def prepare(
 
         fields["ev"] = dumps(built.sent_event)
     return _Prepared(NewJob(task_id, shard, due, fields), idempotency_key is not None)
+
+
+def _render_fast(
+    app: Celery, store: Store, name: str, args: Sequence[Any], kwargs: Mapping[str, Any], task_id: str,
+    shard: int, options: dict[str, Any], headers: Mapping[str, Any], task_type: Any, release: Mapping[str, str],
+) -> tuple[dict[str, str], dict[str, str]] | None:
+    """(shared, all) record fields of a job whose message a cached template renders, else None.
+
+    The shared fields are one object per template and release settings, so
+    that :meth:`Store.schedule` sends them once per call.
+    """
+    root_id, parent_id = options.get("root_id"), options.get("parent_id")
+    keyed = options
+    if "root_id" in options or "parent_id" in options:
+        keyed = {k: v for k, v in options.items() if k not in ("root_id", "parent_id")}
+    max_bytes = store.config.max_payload_bytes
+    tmpl = template_for(app, name, keyed, headers, task_type, max_bytes)
+    if tmpl is None:
+        return None
+    if (not root_id or not parent_id) and _task_stack.top is not None:  # .top: cheap "not in a task"
+        parent = app.current_worker_task
+        if parent is not None:
+            root_id = root_id or parent.request.root_id or parent.request.id
+            parent_id = parent_id or parent.request.id
+    text = tmpl.render(task_id, shard, args, kwargs, root_id, parent_id)
+    if text is None or len(text) > max_bytes:
+        return None  # the regular path builds it (and raises what it raises)
+    common = _shared_fields(app, store, name, tmpl, release)
+    fields = dict(common)
+    fields["msg"] = text
+    return common, fields
+
+
+def _shared_fields(app: Celery, store: Store, name: str, tmpl: Template, release: Mapping[str, str]) -> dict[str, str]:
+    """The record fields every job of a template (and release settings) has: one object, cached."""
+    rkey = tuple(release.items())
+    common = tmpl.records.get(rkey)
+    if common is None:
+        route = tmpl.route
+        common = {"task": name, "q": route.queue, "ex": route.exchange, "rk": route.routing_key, **release}
+        if store.direct:
+            common.update(BuiltMessage("", route, None).destination(app.conf))
+        if len(tmpl.records) < 64:
+            tmpl.records[rkey] = common
+    return common
+
+
+_PLAIN_KEYS = frozenset({"args", "kwargs", "when"})
+
+
+class _PlainCalls:
+    """``prepare`` for the calls of a batch that give only args, kwargs and when.
+
+    Such calls share everything but those (options, routing, release fields,
+    the parent task), so that is resolved once per batch, not once per call.
+    """
+
+    __slots__ = ("common", "n_shards", "parent_id", "root_id", "store", "tmpl", "tz")
+
+    def __init__(self, store: Store, tmpl: Template, common: dict[str, str], root_id: Any, parent_id: Any,
+                 tz: Any) -> None:
+        self.store, self.tmpl, self.common, self.tz = store, tmpl, common, tz
+        self.root_id, self.parent_id = root_id, parent_id
+        self.n_shards = store.config.shards
+
+    @classmethod
+    def create(cls, app: Celery, name: str, task: Any, defaults: Mapping[str, Any]) -> _PlainCalls | None:
+        """The batch's shared part, or None when the calls need the regular path."""
+        store = get_store(app)
+        options = dict(defaults)
+        try:
+            release = release_fields(options, task, store.config)
+            check_options(options)
+        except InvalidOption:
+            return None  # let the regular path raise it for the first call
+        headers = options.pop("headers", None) or {}
+        if not isinstance(headers, Mapping):
+            return None
+        root_id, parent_id = options.pop("root_id", None), options.pop("parent_id", None)
+        tmpl = template_for(app, name, options, dict(headers), task, store.config.max_payload_bytes)
+        if tmpl is None:
+            return None
+        if (not root_id or not parent_id) and _task_stack.top is not None:
+            parent = app.current_worker_task
+            if parent is not None:
+                root_id = root_id or parent.request.root_id or parent.request.id
+                parent_id = parent_id or parent.request.id
+        common = _shared_fields(app, store, name, tmpl, release)
+        return cls(store, tmpl, common, root_id, parent_id, app.timezone)
+
+    def prepare(self, args: Any, kwargs: Any, when: object) -> _Prepared | None:
+        """The job of one call, or None (then the regular path prepares it)."""
+        due = due_spec(when, self.tz)
+        task_id = fast_uuid4()
+        shard = shard_for(task_id, self.n_shards)
+        text = self.tmpl.render(task_id, shard, args or (), kwargs or {}, self.root_id, self.parent_id)
+        if text is None or len(text) > self.store.config.max_payload_bytes:
+            return None
+        fields = dict(self.common)
+        fields["msg"] = text
+        return _Prepared(NewJob(task_id, shard, due, fields, self.common), False)
 
 
 def _lookup_task(app: Celery, name: str, strict: bool) -> Any:
@@ -203,7 +313,13 @@ def apply_later_many(
     defaults = task_defaults(task) if task is not None else {}
     prepared = []
     chosen: list[NewJob] = []  # jobs whose task_id the caller chose
+    plain = _PlainCalls.create(app, name, task, defaults)
     for call in calls:
+        if plain is not None and call.keys() <= _PLAIN_KEYS:
+            fast = plain.prepare(call.get("args"), call.get("kwargs"), call.get("when", 0))
+            if fast is not None:
+                prepared.append(fast)
+                continue
         c = dict(call)
         p = prepare(
             app, name, c.pop("args", None), c.pop("kwargs", None), c.pop("when", 0),

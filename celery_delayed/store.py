@@ -89,6 +89,9 @@ class NewJob:
     shard: int
     due: str
     fields: Mapping[str, str]
+    #: fields this job shares with others (the same object for all of them):
+    #: a hint that lets :meth:`Store.schedule` send them once per call.
+    common: Mapping[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -209,22 +212,36 @@ class Store:
         Returns one :class:`Scheduled` per job, in order. A job whose id is
         taken keeps the record that was there (``created`` is False).
         """
-        by_shard: dict[int, list[int]] = defaultdict(list)
+        # One call per shard and set of shared fields; the shared fields go
+        # once per call, the others once per job.
+        groups: dict[tuple[int, int], list[int]] = defaultdict(list)
         for i, job in enumerate(jobs):
-            by_shard[job.shard].append(i)
+            groups[(job.shard, id(job.common))].append(i)
         calls: list[tuple[int, list[str], list[str]]] = []
-        for shard, idx in by_shard.items():
+        order: list[list[int]] = []
+        for (shard, _), idx in groups.items():
             sk = self.keys.shard(shard)
+            common = jobs[idx[0]].common or {}
+            shared = [x for f in RECORD_FIELDS if common.get(f) for x in (f, common[f])]
+            present = set().union(*(jobs[i].fields.keys() for i in idx))
+            own = [f for f in RECORD_FIELDS
+                   if f in present and f not in common and any(jobs[i].fields.get(f) for i in idx)]
             args = [sk.job_prefix, str(self.config.bucket_ms), self.keys.wake, str(shard),
-                    "" if now_ms is None else str(now_ms), str(len(RECORD_FIELDS)), *RECORD_FIELDS]
-            for i in idx:
-                job = jobs[i]
-                args += [job.id, job.due, *(job.fields.get(f, "") for f in RECORD_FIELDS)]
+                    "" if now_ms is None else str(now_ms), str(len(shared) // 2), *shared, str(len(own)), *own]
+            if own == ["msg"]:
+                for i in idx:
+                    job = jobs[i]
+                    args += (job.id, job.due, job.fields["msg"])
+            else:
+                for i in idx:
+                    job = jobs[i]
+                    args += [job.id, job.due, *(job.fields.get(f, "") for f in own)]
             calls.append((shard, [sk.due, sk.buckets, sk.next], args))
+            order.append(idx)
         replies = self._run_many(self.scripts.schedule, [(k, a) for _, k, a in calls])
         out: list[Scheduled | None] = [None] * len(jobs)
-        for (shard, _, _), reply in zip(calls, replies, strict=True):
-            for i, entry in zip(by_shard[shard], reply, strict=True):
+        for (shard, _, _), idx, reply in zip(calls, order, replies, strict=True):
+            for i, entry in zip(idx, reply, strict=True):
                 if entry.startswith("="):
                     out[i] = Scheduled(jobs[i].id, shard, int(entry[1:]), True, "SCHEDULED")
                 else:

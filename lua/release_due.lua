@@ -69,6 +69,15 @@ end
 local ids = take_due(KEYS[1], KEYS[2], bucket_ms, now, limit)
 local out = {1, 0, 0, -1, now}
 local released, skipped, dead = 0, 0, 0
+local batches, lists = {}, {}
+-- Push what is batched (before any other push, so queue order stays due order).
+local function flush()
+  for _, lk in ipairs(lists) do
+    local q = batches[lk]
+    for i = 1, #q, 1000 do redis.call('LPUSH', lk, unpack(q, i, math.min(i + 999, #q))) end
+  end
+  batches, lists = {}, {}
+end
 for _, id in ipairs(ids) do
   local jk = prefix .. id
   local r = redis.call('HMGET', jk, 'st', 'msg', 'lk', 'bx', 'rk', 'ps', 'ev', 'q', 'due', 'exp', 'ml', 'mf')
@@ -82,12 +91,16 @@ for _, id in ipairs(ids) do
     if unsent == 'DEAD' then dead = dead + 1 end
   elseif r[1] == 'SCHEDULED' and r[2] and (r[3] or r[4] or r[8]) then
     if r[3] then
-      redis.call('LPUSH', r[3], r[2])
+      local q = batches[r[3]]  -- pushed at the end, one LPUSH per list: same order, fewer calls
+      if not q then q = {}; batches[r[3]] = q; lists[#lists + 1] = r[3] end
+      q[#q + 1] = r[2]
     elseif r[4] then
+      flush()
       if not push_bound(r[4], r[5] or '', r[6] or '', r[2]) then
         redis.call('HSET', jk, 'reason', 'UNROUTABLE')
       end
     else
+      flush()
       redis.call('LPUSH', gkp .. r[8], r[2])
     end
     redis.call('HSET', jk, 'st', 'QUEUED', 'released', now)
@@ -100,6 +113,7 @@ for _, id in ipairs(ids) do
     skipped = skipped + 1
   end
 end
+flush()
 if dead > 0 then
   dlq_trim(KEYS[5], prefix, now - tonumber(ARGV[10]), tonumber(ARGV[11]), 1000)
 end

@@ -8,46 +8,62 @@ ARGV[2]  bucket width, ms (0 = one due set)
 ARGV[3]  wake channel      {p}:wake
 ARGV[4]  shard number
 ARGV[5]  now, epoch ms ('' = the Redis server's TIME)
-ARGV[6]  F, the number of record fields each job carries
-ARGV[7 .. 6+F]  the record field names
-then per job: id, due, F field values (an empty value is not stored).
-  due is '<ms>', an epoch time (may be in the past: released at once), or
-  '+<ms>', a delay added to now (the Redis server's clock).
+ARGV[6]  C, the number of record fields shared by every job of this call
+ARGV[7 .. 6+2C]  C pairs: field name, value
+ARGV[7+2C]  F, the number of record fields each job carries itself
+then F field names; then per job: id, due, F field values (an empty value is
+  not stored). due is '<ms>', an epoch time (may be in the past: released at
+  once), or '+<ms>', a delay added to now (the Redis server's clock).
+  (Shared fields are sent once per call: every argument becomes a Lua string,
+  and that, more than the writes, is what a large batch costs.)
 
-The record gets st=SCHEDULED, due, created (now) and the given fields.
+The record gets st=SCHEDULED, due, created (now), the shared and its own fields.
 Returns one entry per job, in order: '=<due ms>' when stored; '<state>|<due>'
 of the record already held under that id (nothing is written for that job).
 ]]
 -- @include "common"
 
+local call = redis.call
+local NONE = {false}
 local prefix, bucket_ms = ARGV[1], tonumber(ARGV[2])
 local channel, shard = ARGV[3], ARGV[4]
 local now = now_ms(ARGV[5])
-local nf = tonumber(ARGV[6])
+local rec = {'st', 'SCHEDULED', 'due', 0, 'created', now}
+local at = 7 + 2 * tonumber(ARGV[6])
+for j = 7, at - 1 do rec[#rec + 1] = ARGV[j] end
+local base, nf = #rec, tonumber(ARGV[at])
 local names = {}
-for i = 1, nf do names[i] = ARGV[6 + i] end
+for f = 1, nf do names[f] = ARGV[at + f] end
 
-local out, i, earliest_new = {}, 7 + nf, nil
-while i <= #ARGV do
+local out, n, i, earliest_new, zs = {}, #ARGV, at + nf + 1, nil, {}
+while i <= n do
   local id, spec = ARGV[i], ARGV[i + 1]
   local due
-  if string.sub(spec, 1, 1) == '+' then due = now + tonumber(string.sub(spec, 2)) else due = tonumber(spec) end
+  if string.byte(spec, 1) == 43 then due = now + tonumber(string.sub(spec, 2)) else due = tonumber(spec) end  -- 43: '+'
   local jk = prefix .. id
-  local held = redis.call('HMGET', jk, 'st', 'due')
+  local held = NONE  -- EXISTS first: an integer reply is cheaper than HMGET's table of nils
+  if call('EXISTS', jk) == 1 then held = call('HMGET', jk, 'st', 'due') end
   if held[1] then
     out[#out + 1] = held[1] .. '|' .. (held[2] or '')
   else
-    local rec = {'st', 'SCHEDULED', 'due', due, 'created', now}
+    rec[4] = due
+    local m = base
     for f = 1, nf do
       local v = ARGV[i + 1 + f]
-      if v ~= '' then rec[#rec + 1] = names[f]; rec[#rec + 1] = v end
+      if v ~= '' then rec[m + 1] = names[f]; rec[m + 2] = v; m = m + 2 end
     end
-    redis.call('HSET', jk, unpack(rec))
-    due_add(KEYS[1], KEYS[2], id, due, bucket_ms)
+    call('HSET', jk, unpack(rec, 1, m))
+    if bucket_ms > 0 then
+      due_add(KEYS[1], KEYS[2], id, due, bucket_ms)
+    else  -- one ZADD per 256 jobs: a call from Lua costs more than a member
+      zs[#zs + 1] = due; zs[#zs + 1] = id
+      if #zs >= 512 then call('ZADD', KEYS[1], unpack(zs)); zs = {} end
+    end
     if (not earliest_new) or due < earliest_new then earliest_new = due end
     out[#out + 1] = '=' .. due
   end
   i = i + 2 + nf
 end
+if #zs > 0 then call('ZADD', KEYS[1], unpack(zs)) end
 if earliest_new then maybe_wake(KEYS[3], channel, shard, earliest_new) end
 return out
