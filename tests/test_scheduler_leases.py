@@ -83,7 +83,8 @@ def test_sigkilled_schedulers_shards_are_taken_over_within_one_lease(redis_url, 
     killed = time.monotonic()
     took = takeover_s(rclient, prefix, survivor, killed)
     print(f"\nSIGKILL: shards taken over {took * 1000:.0f} ms after the kill (lease {LEASE_MS} ms)")
-    assert took <= LEASE_MS / 1000 + 0.3, f"take-over took {took:.2f}s"
+    # By design at most lease + 20 ms after the kill; the rest is slack for a loaded 2-core box.
+    assert took <= LEASE_MS / 1000 + 0.5, f"take-over took {took:.2f}s"
     assert_each_ran_once(rclient, prefix, ids)
     assert rclient.zrange(f"{prefix}:schedulers", 0, -1) and all(
         pid_of(m) == survivor.pid for m in rclient.zrange(f"{prefix}:schedulers", 0, -1))
