@@ -18,7 +18,8 @@ and, outside any shard::
 
     {prefix}:schedulers                ZSET   scheduler owner token -> membership deadline
     {prefix}:wake                      PUBSUB "<shard>:<due_ms>" when a job is due earlier
-                                              than the scheduler knew
+                                              than the scheduler knew; "members|<owner>"
+                                              when a scheduler joins or leaves
 """
 
 from __future__ import annotations
