@@ -127,6 +127,7 @@ class Scheduler:
         with self._lock:
             for s in self.shards:
                 self.next_due[s] = 0.0
+                self._woken[s] = 0.0  # also overrides the result of a move in flight
         self._wake.set()
 
     # -- membership ----------------------------------------------------------------
