@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import time
 
 import pytest
@@ -71,3 +72,25 @@ def test_scheduler_survives_a_redis_restart(uid, workers):
         assert "unavailable" in out and "resuming" in out, out[-3000:]
         s.stop()
         client.close()
+
+
+@pytest.mark.timeout(60)
+def test_sigterm_while_redis_is_down_is_prompt(uid, workers):
+    with RedisServer() as server:
+        client = redis.Redis.from_url(server.url, decode_responses=True)
+        app = make_app(server.url, uid)
+        prefix, queue = app.conf.delayed_key_prefix, app.conf.task_default_queue
+        apply_later(app, "e2e.mark", when=0.5, strict=False)
+        s = SchedulerProcess(server.url, prefix, queue)
+        workers.append(s)
+        wait_for(lambda: client.zcard(f"{prefix}:schedulers"), 30, what="the scheduler to start")
+        client.close()
+        server.stop("kill")
+        wait_for(lambda: "unavailable" in s.output(), 15, what="the scheduler to notice")
+        t0 = time.monotonic()
+        s.proc.send_signal(signal.SIGTERM)
+        s.proc.wait(10)
+        took = time.monotonic() - t0
+        print(f"\nSIGTERM with Redis down: stopped in {took * 1000:.0f} ms")
+        assert s.proc.returncode == 0, s.output()[-3000:]
+        assert took < 3.0
