@@ -133,11 +133,18 @@ class Scheduler:
     # -- membership ----------------------------------------------------------------
 
     def _heartbeat(self) -> None:
-        now, members = self.store.heartbeat(self.owner)
-        self._observe(now)
+        # Read and reset the requests first: a notice that arrives during the
+        # round trip asks again instead of being overwritten.
         self._next_heartbeat = time.monotonic() + self.heartbeat_s
-        if members != self.members or not self.shards or self._rebalance_needed:
-            self._rebalance(members)
+        forced, self._rebalance_needed = self._rebalance_needed, False
+        try:
+            now, members = self.store.heartbeat(self.owner)
+            self._observe(now)
+            if members != self.members or not self.shards or forced:
+                self._rebalance(members)
+        except Exception:
+            self._rebalance_needed = self._rebalance_needed or forced
+            raise
         if len(members) > 1:
             self._watch_members()
         if not self._joined:
@@ -168,7 +175,6 @@ class Scheduler:
 
     def _rebalance(self, members: list[str]) -> None:
         shards = self.store.rebalance(self.owner)
-        self._rebalance_needed = False
         with self._lock:
             gained = set(shards) - set(self.shards)
             lost = set(self.shards) - set(shards)
