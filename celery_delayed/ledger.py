@@ -43,6 +43,7 @@ class Execution:
     shard: int
     owner: str
     attempt: int
+    delivery_tag: str = ""  # the message's, to keep kombu's unacked entry fresh
 
 
 def owner_token(hostname: str, delivery_tag: object) -> str:
@@ -60,6 +61,12 @@ class Ledger:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.lease_ms = store.config.exec_lease_ms
+        opts = store.app.conf.broker_transport_options or {}
+        #: kombu's unacked index, when the broker is Redis on the store's server.
+        self.unacked_index = (
+            (opts.get("global_keyprefix", "") or "") + opts.get("unacked_index_key", "unacked_index")
+            if store.direct else ""
+        )
 
     def _key(self, job_id: str, shard: int) -> str:
         return self.store.keys.shard(shard).job(job_id)
@@ -75,11 +82,18 @@ class Ledger:
         return Started(int(code), str(state), int(attempt), int(until))
 
     def extend(self, ex: Execution, now_ms: int | None = None) -> bool:
-        """Push the lease deadline on by ``delayed_exec_lease_ms``; False when the lease is lost."""
-        code, _state, _until = self.store._run(
-            self.store.scripts.extend_lease, [self._key(ex.job_id, ex.shard)],
-            [ex.owner, self.lease_ms, "" if now_ms is None else now_ms],
-        )
+        """Push the lease deadline on by ``delayed_exec_lease_ms``; False when the lease is lost.
+
+        On the Redis broker it also refreshes the message's entry in kombu's
+        unacked index, so a task running longer than ``visibility_timeout`` is
+        not redelivered while its lease is alive.
+        """
+        keys = [self._key(ex.job_id, ex.shard)]
+        args: list[object] = [ex.owner, self.lease_ms, "" if now_ms is None else now_ms]
+        if self.unacked_index and ex.delivery_tag:
+            keys.append(self.unacked_index)
+            args += [ex.delivery_tag, repr(time.time())]
+        code, _state, _until = self.store._run(self.store.scripts.extend_lease, keys, args)
         return int(code) == 1
 
     def finish(self, ex: Execution, outcome: str, reason: str = "", now_ms: int | None = None) -> tuple[int, str]:

@@ -149,8 +149,8 @@ class DelayedTask(RetryMixin, Task):  # type: ignore[misc]
         if shard is None:  # not sent by the store; a retry may still have given it a record
             shard = ledger.store.shard_of(req.id)
         props = getattr(req, "properties", None) or {}
-        owner = owner_token(req.hostname or "", props.get("delivery_tag") or (req.delivery_info or {}).get(
-            "delivery_tag"))
+        tag = props.get("delivery_tag") or (req.delivery_info or {}).get("delivery_tag") or ""
+        owner = owner_token(req.hostname or "", tag)
         try:
             started = self._delayed_start(ledger, req.id, shard, owner, req.hostname or "")
         except StoreUnavailable as exc:
@@ -165,7 +165,7 @@ class DelayedTask(RetryMixin, Task):  # type: ignore[misc]
             why = "completed already" if started.code == DONE else f"its job is {started.state}"
             logger.info("Skipping %s[%s]: %s (duplicate delivery)", self.name, req.id, why)
             raise Ignore()
-        execution = Execution(req.id, shard, owner, started.attempt)
+        execution = Execution(req.id, shard, owner, started.attempt, str(tag))
         req.delayed_owner = owner  # retrying.py passes it to its scripts, which check the lease
         return self._delayed_run(ledger, execution, args, kwargs)
 

@@ -1,9 +1,18 @@
 --[[ extend_lease: keep a running execution's lease alive (worker heartbeat).
 
 KEYS[1]  job record        {p}:{s}:job:<id>
+KEYS[2]  optional: kombu's unacked index (global_keyprefix + 'unacked_index'),
+         given when the broker is Redis on this server (direct path)
 ARGV[1]  execution owner token (as given to start)
 ARGV[2]  execution lease, ms: the new deadline is now + this
 ARGV[3]  now, epoch ms ('' = the Redis server's TIME)
+ARGV[4]  with KEYS[2]: the message's delivery tag
+ARGV[5]  with KEYS[2]: the score to give it, epoch seconds (kombu's own clock
+         is the worker's time.time(), so the caller passes it)
+
+With KEYS[2], an extended lease also refreshes the message's entry in kombu's
+unacked index (ZADD XX: only while kombu still tracks it), so kombu's restore
+sweep does not redeliver a message whose task is still running.
 
 Returns {code, state, lease_until}:
    1  extended; lease_until = the new deadline, epoch ms
@@ -19,4 +28,5 @@ if not st then return {0, '', 0} end
 if st ~= 'RUNNING' or lo ~= ARGV[1] then return {-1, st, 0} end
 local lu = now_ms(ARGV[3]) + tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], 'lu', lu)
+if KEYS[2] then redis.call('ZADD', KEYS[2], 'XX', ARGV[5], ARGV[4]) end
 return {1, st, lu}
