@@ -17,6 +17,7 @@ so a script that touches one shard touches one slot::
 and, outside any shard::
 
     {prefix}:schedulers                ZSET   scheduler owner token -> membership deadline
+    {prefix}:layout                    HASH   shards, bucket_ms: fixed when the store is created
     {prefix}:wake                      PUBSUB "<shard>:<due_ms>" when a job is due earlier
                                               than the scheduler knew; "members|<owner>"
                                               when a scheduler joins or leaves
@@ -51,6 +52,11 @@ class Keys:
     def schedulers(self) -> str:
         """Membership of the running schedulers."""
         return f"{self.prefix}:schedulers"
+
+    @property
+    def layout(self) -> str:
+        """HASH ``shards`` and ``bucket_ms`` the store was created with."""
+        return f"{self.prefix}:layout"
 
     @property
     def wake(self) -> str:

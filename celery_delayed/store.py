@@ -72,7 +72,7 @@ from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .config import DelayedConfig, get_config
-from .errors import InvalidOption, InvalidState, JobNotFound, LeaseLost, StoreUnavailable
+from .errors import ConfigurationError, InvalidOption, InvalidState, JobNotFound, LeaseLost, StoreUnavailable
 from .keys import Keys, shard_for
 from .scripts import Script, scripts
 
@@ -174,6 +174,38 @@ class Store:
         self.keys = Keys(self.config.key_prefix)
         self.scripts = scripts()
         self.direct = self._resolve_direct()
+        self._layout_ok = False
+
+    def check_layout(self) -> None:
+        """Refuse a store created with other ``delayed_shards`` or ``delayed_bucket_ms``.
+
+        Both decide which keys hold a job: a producer and a scheduler that
+        disagree would leave jobs where no scheduler looks. The first user of a
+        prefix records them; later ones must match. Checked once per Store.
+
+        Raises:
+            ConfigurationError: the settings differ from the store's.
+            StoreUnavailable: Redis cannot be reached.
+        """
+        if self._layout_ok:
+            return
+        want = {"shards": str(self.config.shards), "bucket_ms": str(self.config.bucket_ms)}
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for name, value in want.items():
+                pipe.hsetnx(self.keys.layout, name, value)
+            pipe.hmget(self.keys.layout, list(want))
+            got = pipe.execute()[-1]
+        except (RedisConnectionError, RedisTimeoutError) as exc:
+            raise _errors_as_unavailable(exc, self.config.redis_url) from exc
+        for (name, value), held in zip(want.items(), got, strict=True):
+            if held != value:
+                raise ConfigurationError(
+                    f"delayed_{name} is {value}, but the store under prefix {self.config.key_prefix!r} "
+                    f"was created with {held}: every producer and scheduler of one store must use the "
+                    "same delayed_shards and delayed_bucket_ms (use another delayed_key_prefix to change them)"
+                )
+        self._layout_ok = True
 
     def _resolve_direct(self) -> bool:
         mode = self.config.release_mode
@@ -212,6 +244,7 @@ class Store:
         Returns one :class:`Scheduled` per job, in order. A job whose id is
         taken keeps the record that was there (``created`` is False).
         """
+        self.check_layout()
         # One call per shard and set of shared fields; the shared fields go
         # once per call, the others once per job.
         groups: dict[tuple[int, int], list[int]] = defaultdict(list)
@@ -380,6 +413,7 @@ class Store:
         limit: int | None = None,
     ) -> Batch:
         """Direct path: push up to ``limit`` due jobs of ``shard`` onto their queues."""
+        self.check_layout()
         sk = self.keys.shard(shard)
         opts = self.app.conf.broker_transport_options or {}
         gkp = opts.get("global_keyprefix", "") or ""
@@ -403,6 +437,7 @@ class Store:
         limit: int | None = None,
     ) -> Batch:
         """Publish path: lease up to ``limit`` due (or stale in-flight) jobs of ``shard``."""
+        self.check_layout()
         sk = self.keys.shard(shard)
         reply = self._run(
             self.scripts.claim_due,
