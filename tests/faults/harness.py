@@ -326,12 +326,17 @@ class FaultRun:
     # -- faults ----------------------------------------------------------------------
 
     def supervise(self) -> int:
-        """Start again every process that exited on its own (as systemd or Kubernetes would).
+        """Start again every process that exited on its own (as systemd or Kubernetes would),
+        and every worker whose consumer died with an "Unrecoverable error" (a liveness probe).
 
         Returns how many were restarted; their logs stay readable.
         """
         restarted = 0
         for p in list(self.procs):
+            if p.alive() and p.kind == "worker" and "Unrecoverable error" in p.output():
+                # Celery's consumer gave up (celery/celery#10205, kombu's reconnect after a
+                # lost ack) but the process lingers without consuming: a liveness probe's job.
+                p.stop(timeout=5)
             if not p.alive() and not p.killed and not getattr(p, "replaced", False):
                 p.replaced = True  # type: ignore[attr-defined]
                 args, env, launcher = p.spec
