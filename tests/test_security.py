@@ -260,34 +260,45 @@ def test_scripts_are_static_files() -> None:
 
 
 def test_hostile_strings_round_trip_and_never_reach_lua_source(app, rclient) -> None:  # type: ignore[no-untyped-def]
-    known = {s.sha for s in vars(scripts()).values()}
-    seen: list[list[str]] = []
+    table = vars(scripts()).values()
+    known = {s.sha for s in table}
+    heads = {s.source[:60] for s in table}
+    seen: list[dict[str, str]] = []
     with rclient.monitor() as mon:  # type: ignore[no-untyped-call]
+        rclient.echo("monitor-start")
+        wait_for(lambda: mon.next_command()["command"] == "ECHO monitor-start", 5, interval=0)
+        get_store(app).client.script_flush()  # so that the scripts are loaded again, in view
         results = []
         for n, text in enumerate(HOSTILE):
             results.append(apply_later(app, TASK, args=(text, {text: [text]}), kwargs={"k": text}, when=0,
-                                       task_id=f"id-{n}-{text}", shard_key=text, idempotency_key=None,
-                                       headers={"x-user": text}, strict=False))
+                                       task_id=f"id-{n}-{text}", shard_key=text, headers={"x-user": text},
+                                       strict=False))
         keyed = apply_later(app, TASK, args=("k",), when=60, idempotency_key=HOSTILE[0], strict=False)
         released = _released(app)
         cd.cancel(app, keyed.id)
-        rclient.ping()
-        deadline = time.monotonic() + 5
+        rclient.echo("monitor-end")
+        deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            cmd = mon.next_command()["command"]
-            seen.append(cmd)
-            if cmd == "PING":
+            cmd = mon.next_command()
+            if cmd["command"] == "ECHO monitor-end":
                 break
+            seen.append(cmd)
     assert sorted(released) == sorted(r.id for r in results)
     assert get_store(app).get(keyed.id)["st"] == "CANCELLED"
     assert get_store(app).get(keyed.id)["ik"] == HOSTILE[0]
     # Every script call ran a known SHA; no EVAL with a body, no SCRIPT LOAD of anything else.
-    assert sum(cmd.upper().startswith("EVALSHA") for cmd in seen) >= len(HOSTILE) + 2
-    for cmd in seen:
+    tcp = [c["command"] for c in seen if c["client_type"] != "lua"]
+    assert sum(c.upper().startswith("EVALSHA") for c in tcp) >= len(HOSTILE) + 2, tcp[:20]
+    loads = [c for c in tcp if c.upper().startswith("SCRIPT LOAD")]
+    assert loads, "the scripts were not loaded again after SCRIPT FLUSH"
+    for cmd in tcp:
         word = cmd.split(" ", 1)[0].upper()
         assert word != "EVAL", cmd[:200]
         if word == "EVALSHA":
-            assert cmd.split(" ")[1].strip('"') in known
+            assert cmd.split(" ")[1] in known
+    for cmd in loads:
+        body = cmd[len("SCRIPT LOAD "):].replace("\\n", "\n")[:40]
+        assert any(h.startswith(body) for h in heads), cmd[:100]
     # The messages on the queue carry the strings unchanged.
     bodies = [json.loads(m) for m in rclient.lrange(app.conf.task_default_queue, 0, -1)]
     by_id = {b["headers"]["id"]: b for b in bodies}
