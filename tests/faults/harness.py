@@ -230,10 +230,11 @@ class FaultRun:
         return out
 
     def wait_executed(self, ids: Iterable[str], timeout: float, also: Callable[[], bool] | None = None) -> bool:
-        """Wait until every id ran at least once; False (not an error) on timeout."""
+        """Wait until every id ran at least once (and ``also()`` is true); False (not an error) on timeout."""
         want = set(ids)
         try:
-            wait_for(lambda: want <= set(self.counts()) and (also is None or also()), timeout, interval=0.25,
+            # ``also`` first: it may have to run on every poll (supervise()).
+            wait_for(lambda: (also is None or also()) and want <= set(self.counts()), timeout, interval=0.25,
                      what=f"{len(want)} jobs to run")
         except AssertionError:
             return False
