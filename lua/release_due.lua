@@ -80,7 +80,18 @@ local function flush()
 end
 for _, id in ipairs(ids) do
   local jk = prefix .. id
-  local r = redis.call('HMGET', jk, 'st', 'msg', 'lk', 'bx', 'rk', 'ps', 'ev', 'q', 'due', 'exp', 'ml', 'mf')
+  -- The fields every release needs first; the rarer ones (named exchange, the
+  -- publish-path fallback, due for a misfire check) only when they matter:
+  -- fewer fields read per job is a measurably faster release.
+  local h = redis.call('HMGET', jk, 'st', 'msg', 'lk', 'ev', 'exp', 'ml', 'mf')
+  local r = {h[1], h[2], h[3], false, false, false, h[4], false, false, h[5], h[6], h[7]}
+  if h[1] == 'SCHEDULED' and h[2] then
+    if h[6] then r[9] = redis.call('HGET', jk, 'due') end
+    if not h[3] then
+      local x = redis.call('HMGET', jk, 'bx', 'rk', 'ps', 'q')
+      r[4], r[5], r[6], r[8] = x[1], x[2], x[3], x[4]
+    end
+  end
   local unsent, why = nil, nil
   if r[1] == 'SCHEDULED' and r[2] then unsent, why = unsendable(now, r[9], r[10], r[11], r[12]) end
   -- A record stored without lk/bx (scheduled by an app on the publish path)
