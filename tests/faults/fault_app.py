@@ -7,12 +7,17 @@ is the ground truth when Redis itself is the thing that fails.
 
 Lines of the run log: ``start <id> <pid> <retries> <time>`` when the body
 starts and ``done <id> <pid> <retries> <time>`` when it ends.
+
+FAULT_KILL_BEFORE_ACK=k makes a publish-path scheduler SIGKILL itself after
+publishing its k-th batch and before acknowledging it: the worst moment.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import time
+from typing import Any
 
 from e2e_app import app, record
 
@@ -47,3 +52,23 @@ def run(self: DelayedTask, n: int = 0, sleep_s: float = 0.0) -> str:
         # The file is written even when Redis is down (scenario: Redis restart).
         _log("done", self.request.id, retries)
     return str(self.request.id)
+
+
+_KILL_AT = int(os.environ.get("FAULT_KILL_BEFORE_ACK", "0") or 0)
+if _KILL_AT:
+    from celery_delayed.scheduler import mover as _mover
+
+    _init = _mover.PublishMover.__init__
+
+    def _dying_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        _init(self, *args, **kwargs)
+        published = [0]
+
+        def before_ack(batch: Any) -> None:
+            published[0] += 1
+            if published[0] >= _KILL_AT:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        self.before_ack = before_ack
+
+    _mover.PublishMover.__init__ = _dying_init

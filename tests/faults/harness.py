@@ -106,7 +106,7 @@ class FaultRun:
     """One scenario's world: a redis-server, processes, an app to schedule with, a run log."""
 
     def __init__(self, *, seed: int, appendonly: bool = False, conf: dict[str, Any] | None = None,
-                 redis_args: Iterable[str] = ()) -> None:
+                 redis_args: Iterable[str] = (), broker: str | None = None) -> None:
         self.rng = random.Random(seed)
         self.dir = Path(tempfile.mkdtemp(prefix="celery-delayed-faults-"))
         self.runlog = self.dir / "runs.log"
@@ -116,6 +116,7 @@ class FaultRun:
         self.redis = RedisServer(*extra, appendonly=appendonly)
         self.uid = uuid.uuid4().hex[:10]
         self.conf: dict[str, Any] = dict(conf or {})
+        self.broker = broker  # None: the private Redis is the broker too (direct path)
         self.procs: list[FaultProc] = []
         self.app: Celery | None = None
         self.t0 = time.monotonic()
@@ -125,7 +126,10 @@ class FaultRun:
 
     def __enter__(self) -> FaultRun:
         self.redis.start()
-        self.app = make_app(self.redis.url, self.uid, **self.conf)
+        if self.broker:
+            self.app = make_app(self.broker, self.uid, delayed_redis_url=self.redis.url, **self.conf)
+        else:
+            self.app = make_app(self.redis.url, self.uid, **self.conf)
         return self
 
     def __exit__(self, exc_type: object, *exc: object) -> None:
@@ -162,8 +166,8 @@ class FaultRun:
     # -- processes -------------------------------------------------------------------
 
     def env(self, conf: dict[str, Any] | None = None, extra_env: dict[str, str] | None = None) -> dict[str, str]:
-        return _fault_env(self.url, self.prefix, self.queue, self.conf | (conf or {}), self.runlog,
-                          extra_env=extra_env)
+        return _fault_env(self.broker or self.url, self.prefix, self.queue, self.conf | (conf or {}), self.runlog,
+                          store=self.url, extra_env=extra_env)
 
     def scheduler(self, conf: dict[str, Any] | None = None, launcher: list[str] | None = None,
                   extra_env: dict[str, str] | None = None) -> FaultProc:
