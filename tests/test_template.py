@@ -127,3 +127,14 @@ def test_fast_repr_only_for_what_saferepr_writes_alike() -> None:
     assert fast_repr(("é",), 1024) is None
     assert fast_repr(([1],), 1024) is None
     assert fast_repr(("x" * 2000,), 1024) is None
+
+
+def test_handles_keep_asyncresult_behaviour(redis_url: str, uid: str) -> None:
+    app = _app(redis_url, uid)
+    h = apply_later(app, NAME, (1,), None, 3600)
+    assert h.backend is app.backend and h.parent is None and h.id and h.app is app
+    seen: list[Any] = []
+    h.then(seen.append)  # the promise is made on first use
+    assert h.on_ready is h.on_ready
+    h.on_ready(h)
+    assert seen == [h]
