@@ -342,7 +342,7 @@ def test_scheduler_refuses_to_start_with_a_bad_setting(redis_url, uid):
     env = _e2e_env(redis_url, f"t{uid}", f"q{uid}", {"delayed_shards": "16"})
     out = _celery(env, "delayed", "run")
     assert out.returncode != 0
-    assert "ConfigurationError" in out.stderr and "delayed_shards must be an int" in out.stderr
+    assert "delayed_shards must be an int" in out.stderr, out.stderr[-2000:]
 
 
 # -- helpers -----------------------------------------------------------------------------
