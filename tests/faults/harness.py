@@ -63,6 +63,7 @@ class FaultProc(_Proc):
         self.spec = (args, env, launcher)
         self.killed = False  # by the harness (a fault), as opposed to a crash
         base = launcher or [sys.executable, "-m", "celery"]
+        self.started_at = time.time()
         super().__init__([*base, "-A", "fault_app", *args], env)
 
     def alive(self) -> bool:
