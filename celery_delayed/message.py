@@ -23,6 +23,7 @@ from celery import Celery
 from celery.exceptions import QueueNotFound
 from celery.utils.functional import maybe_list
 from kombu.compression import compress
+from kombu.compression import encoders as compression_encoders
 from kombu.entity import maybe_delivery_mode
 from kombu.exceptions import ContentDisallowed, EncodeError, SerializerNotInstalled
 from kombu.serialization import dumps, prepare_accept_content, registry
@@ -150,6 +151,10 @@ def build_message(
     expires = opts.pop("expires", None)
     time_limit = opts.pop("time_limit", None)
     soft_time_limit = opts.pop("soft_time_limit", None)
+    for opt, limit in (("time_limit", time_limit), ("soft_time_limit", soft_time_limit)):
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float))
+                                  or not 0 <= limit < float("inf")):
+            raise InvalidOption(f"{opt} must be a non-negative number of seconds, got {limit!r}")
     ignore_result = opts.pop("ignore_result", None)
     link, link_error = opts.pop("link", None), opts.pop("link_error", None)
     reply_to = opts.pop("reply_to", None)
@@ -200,11 +205,19 @@ def build_message(
             "or add it to accept_content if every worker may trust it"
         )
     if compression:
-        data, headers["compression"] = compress(data, compression)
-    properties["delivery_mode"] = maybe_delivery_mode(
-        routed.get("delivery_mode") or _queue_delivery_mode(amqp, route)
-        or conf.task_default_delivery_mode
-    )
+        try:
+            data, headers["compression"] = compress(data, compression)
+        except KeyError as exc:
+            raise InvalidOption(
+                f"unknown compression {compression!r}; use one of {sorted(compression_encoders())}"
+            ) from exc
+    mode = routed.get("delivery_mode") or _queue_delivery_mode(amqp, route) or conf.task_default_delivery_mode
+    try:
+        properties["delivery_mode"] = maybe_delivery_mode(mode)
+    except (KeyError, TypeError) as exc:
+        raise InvalidOption(
+            f"delivery_mode must be 1 or 2, 'transient' or 'persistent', got {mode!r}"
+        ) from exc
     properties["delivery_info"] = {"exchange": route.exchange, "routing_key": route.routing_key}
     properties["priority"] = route.priority
     properties["body_encoding"] = "base64"
