@@ -315,6 +315,11 @@ def apply_later_many(
     chosen: list[NewJob] = []  # jobs whose task_id the caller chose
     plain = _PlainCalls.create(app, name, task, defaults)
     for call in calls:
+        if not isinstance(call, Mapping):
+            raise InvalidOption(
+                f"each item of calls must be a mapping of apply_later keyword arguments, "
+                f"got {type(call).__name__} {call!r:.80}"
+            )
         if plain is not None and call.keys() <= _PLAIN_KEYS:
             fast = plain.prepare(call.get("args"), call.get("kwargs"), call.get("when", 0))
             if fast is not None:

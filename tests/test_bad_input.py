@@ -162,6 +162,23 @@ def test_one_bad_item_in_a_batch_writes_nothing(bapp, store_keys):
     assert store_keys() == before
 
 
+def test_a_batch_item_that_is_not_a_mapping(bapp, store_keys):
+    before = store_keys()
+    with pytest.raises(InvalidOption, match="each item of calls must be a mapping"):
+        apply_later_many(bapp, TASK, [{"args": (1,), "when": 5}, (2,)])
+    assert store_keys() == before
+
+
+@pytest.mark.parametrize("bad", [5, "", None])
+def test_bad_job_id_for_cancel_and_reschedule(bapp, store_keys, bad):
+    before = store_keys()
+    with pytest.raises(InvalidOption, match="job id must be a non-empty string"):
+        cd.cancel(bapp, bad)
+    with pytest.raises(InvalidOption, match="job id must be a non-empty string"):
+        cd.reschedule(bapp, bad, 10)
+    assert store_keys() == before
+
+
 def test_duplicate_task_id_keeps_the_first_job(bapp, store_keys):
     first = apply_later(bapp, TASK, args=(1,), when=60, task_id="dup-1")
     before = store_keys()
