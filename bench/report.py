@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import platform
 import subprocess
 import time
@@ -41,8 +42,6 @@ def machine() -> str:
         mem_kb = int(Path("/proc/meminfo").read_text().split()[1])
     except (OSError, ValueError):
         mem_kb = 0
-    import os
-
     return f"{model}, {os.cpu_count()} cores, {mem_kb / 1024 / 1024:.1f} GB RAM"
 
 
@@ -78,7 +77,8 @@ def write(ctx: Ctx, scenarios: list[str], elapsed_s: float) -> None:
         f"# celery-delayed benchmark results ({'quick' if ctx.quick else 'full'} run)",
         "",
         f"- date: {stamp}; run time {elapsed_s:.0f} s; scenarios: {', '.join(scenarios)}",
-        f"- machine: {machine()} (shared with other work: compare ratios, not absolute figures)",
+        f"- machine: {machine()} (shared with other work: compare ratios, not absolute figures); "
+        f"load average at the end {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
         f"- versions: {', '.join(f'{k} {v}' for k, v in versions.items())}",
         f"- command: `python -m bench {' '.join(scenarios) if scenarios else 'all'}{' --quick' if ctx.quick else ''}`",
         "",
