@@ -13,6 +13,7 @@ is left empty: the message leaves the store when it is due.
 from __future__ import annotations
 
 import base64
+import json
 import uuid
 from bisect import bisect
 from collections.abc import Mapping, Sequence
@@ -22,11 +23,11 @@ from typing import Any
 from celery import Celery
 from celery.exceptions import QueueNotFound
 from celery.utils.functional import maybe_list
-from kombu.compression import compress
+from kombu.compression import compress, decompress
 from kombu.compression import encoders as compression_encoders
 from kombu.entity import maybe_delivery_mode
 from kombu.exceptions import ContentDisallowed, EncodeError, SerializerNotInstalled
-from kombu.serialization import dumps, prepare_accept_content, registry
+from kombu.serialization import dumps, loads, prepare_accept_content, registry
 from kombu.utils.json import dumps as json_dumps
 
 from .errors import InvalidOption, PayloadTooLarge, SerializationError
@@ -239,9 +240,44 @@ def build_message(
             f"the message of {name} is {len(text)} bytes, over delayed_max_payload_bytes "
             f"({max_bytes}); store large data elsewhere and pass a reference"
         )
+    validate_envelope(text, accepted)
     if sent_event is not None:
         sent_event.update(queue=route.queue, exchange=route.exchange, routing_key=route.routing_key)
     return BuiltMessage(text, route, sent_event)
+
+
+_ENVELOPE_KEYS = ("body", "content-encoding", "content-type", "headers", "properties")
+_PROPERTY_KEYS = ("correlation_id", "delivery_mode", "delivery_info", "priority", "body_encoding", "delivery_tag")
+
+
+def validate_envelope(text: str, accept: Any = None) -> None:
+    """Check that a worker can consume the envelope, before it is stored.
+
+    A message a worker cannot decode makes it drop the message (or, for a
+    malformed envelope, crash its consumer), long after ``apply_later``
+    returned. So the stored text is read back as kombu's consumer would:
+    JSON, the protocol-2 headers Celery needs, the kombu properties, the
+    base64 body, decompressed and deserialized with ``accept``.
+
+    Raises:
+        SerializationError: the envelope would not decode on a worker.
+    """
+    try:
+        env = json.loads(text)
+        missing = [k for k in _ENVELOPE_KEYS if k not in env]
+        missing += [f"headers.{k}" for k in ("id", "task") if not env["headers"].get(k)]
+        missing += [f"properties.{k}" for k in _PROPERTY_KEYS if k not in env["properties"]]
+        if missing:
+            raise ValueError(f"missing {missing}")
+        raw = base64.b64decode(env["body"], validate=True)
+        if env["headers"].get("compression"):
+            raw = decompress(raw, env["headers"]["compression"])
+        loads(raw, env["content-type"], env["content-encoding"], accept=accept)
+    except Exception as exc:
+        raise SerializationError(
+            f"the message built for this task would not decode on a worker ({type(exc).__name__}: {exc}); "
+            "nothing was stored. Check the task's serializer, compression, headers and accept_content"
+        ) from exc
 
 
 def _queue_delivery_mode(amqp: Any, route: Route) -> Any:

@@ -1,4 +1,4 @@
-"""A store remembers its shard count and bucket width; a mismatched app is refused."""
+"""Store-wide safety checks: the layout (shards, bucket width) and envelope validation."""
 
 from __future__ import annotations
 
@@ -32,3 +32,21 @@ def test_same_layout_is_accepted_and_checked_once(redis_url, uid, rclient):
     apply_later(b, "t.x", when=60, strict=False)
     assert rclient.hgetall(f"t{uid}:layout") == {"shards": "16", "bucket_ms": "0"}
     assert get_store(b)._layout_ok
+
+
+def test_envelope_is_validated_before_it_is_stored():
+    from celery_delayed.errors import SerializationError
+    from celery_delayed.message import validate_envelope
+
+    good = (
+        '{"body": "W1tdLCB7fSwge31d", "content-encoding": "utf-8", "content-type": "application/json", '
+        '"headers": {"id": "x", "task": "t"}, "properties": {"correlation_id": "x", "delivery_mode": 2, '
+        '"delivery_info": {}, "priority": 0, "body_encoding": "base64", "delivery_tag": "d"}}'
+    )
+    validate_envelope(good, {"application/json"})
+    for bad in (good.replace('"task": "t"', '"task": ""'), good.replace("W1tdLCB7fSwge31d", "!!"),
+                good.replace('"delivery_tag": "d"', '"tag": "d"'), good[:-1]):
+        with pytest.raises(SerializationError, match="would not decode on a worker"):
+            validate_envelope(bad, {"application/json"})
+    with pytest.raises(SerializationError, match="ContentDisallowed"):
+        validate_envelope(good, {"application/x-python-serialize"})
