@@ -14,7 +14,10 @@ A template is made only when the result cannot depend on anything but the
 cached key (JSON serializer, no compression, no task-sent events, routers
 that look at the task name only, no relative ``expires``, no signatures),
 and it is checked once against ``build_message`` before it is used: any
-difference and the call takes the regular path. Rendering returns None for
+difference and the call takes the regular path. (``build_message`` also
+reads its envelope back as a worker would; a rendered envelope differs from
+a checked one only by JSON-encoded strings and the JSON body, so it needs no
+second check.) Rendering returns None for
 arguments it cannot encode the same way (then the regular path runs and
 raises the regular errors).
 """

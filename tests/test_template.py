@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from celery_delayed import apply_later, apply_later_many
 from celery_delayed.api import prepare
-from celery_delayed.message import build_message
+from celery_delayed.message import build_message, validate_envelope
 from celery_delayed.template import fast_repr, fast_uuid4, template_for
 
 NAME = "tmpl.task"
@@ -39,7 +39,9 @@ def _same(app: Celery, args: Any, kwargs: Any, options: dict[str, Any], headers:
     opts = dict(options, headers={**headers, "delayed_shard": 7}, root_id=root, parent_id=parent)
     ref = build_message(app, NAME, args, kwargs, "the-id", opts, app.tasks[NAME])
     tag = json.loads(ref.body)["properties"]["delivery_tag"]
-    assert tmpl.render("the-id", 7, args, kwargs, root, parent, tag) == ref.body
+    rendered = tmpl.render("the-id", 7, args, kwargs, root, parent, tag)
+    assert rendered == ref.body
+    validate_envelope(rendered)  # a worker can read it
     assert tmpl.route == ref.route
 
 
