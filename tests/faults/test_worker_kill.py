@@ -37,10 +37,13 @@ def test_whole_worker_killed_mid_task_job_completes_on_another() -> None:
         run.scheduler()
         run.wait_ready(a)
         long_ids = run.schedule(LONG, 0, 0.1, kwargs={"sleep_s": SLEEP_S})
-        short_ids = run.schedule(20, 0, 0.5)
         wait_for(lambda: len(_started(run, long_ids)) == LONG, 30, what="long jobs to start")
         assert set(_started(run, long_ids).values()) == {a.pid}
         run.kill(a)
+        # The other jobs come due after the kill: a SIGKILL that lands while
+        # kombu's BRPOP is taking a message loses that message (kombu's own
+        # window, see docs/guarantees-faults.md), which is not what this tests.
+        short_ids = run.schedule(20, 0, 0.5)
         b = run.worker(concurrency=LONG, pool="threads")
         assert run.wait_executed(long_ids + short_ids, 60)
         time.sleep(1.0)
