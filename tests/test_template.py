@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import uuid
 from datetime import datetime, timezone
@@ -60,13 +61,18 @@ def test_render_equals_build_message(redis_url: str, uid: str, options: dict[str
     _same(app, ("it's", "é", b"\x00".decode()), {"nested": [1, {"a": 2.5}]}, options)
 
 
+@functools.cache
+def _hyp_app(redis_url: str) -> Celery:
+    return _app(redis_url, "hyp" + uuid.uuid4().hex[:6])  # one app for every example
+
+
 @settings(max_examples=150, deadline=None)
 @given(args=st.lists(st.one_of(st.integers(), st.floats(allow_nan=False), st.text(max_size=30), st.none(),
                                st.booleans()), max_size=6),
        kwargs=st.dictionaries(st.text(min_size=1, max_size=8), st.one_of(st.integers(), st.text(max_size=20)),
                               max_size=4))
 def test_render_equals_build_message_for_any_json_args(redis_url: str, args: list[Any], kwargs: dict[str, Any]) -> None:
-    app = _app(redis_url, "hyp")
+    app = _hyp_app(redis_url)
     _same(app, tuple(args), kwargs, {})
 
 
