@@ -25,7 +25,7 @@ NAME = "tmpl.task"
 def _app(redis_url: str, uid: str, **conf: Any) -> Celery:
     app = make_app(redis_url, uid, **conf)
 
-    @app.task(name=NAME)
+    @app.task(name=NAME, shared=False)
     def task(*args: Any, **kwargs: Any) -> None:  # never runs
         pass
 
