@@ -90,7 +90,7 @@ def _float(conf: Any, name: str, default: float, lo: float, hi: float) -> float:
     value = conf.get(name, default)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not finite(float(value)):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ConfigurationError(
             f"{name} must be a number between {lo} and {hi}, got {type(value).__name__} {value!r}"
         )
@@ -254,8 +254,3 @@ def get_config(app: Celery) -> DelayedConfig:
         cfg = DelayedConfig.from_app(app)
         setattr(app, _ATTR, cfg)
     return cfg
-
-
-def finite(value: float) -> bool:
-    """True for a finite number (not NaN, not +/-inf)."""
-    return not (math.isnan(value) or math.isinf(value))
