@@ -184,7 +184,13 @@ class _Beater:
             with self.lock:
                 due = [k for k in self.keepers if k.next_at <= now]
             for k in due:
-                if not k.beat():
+                try:
+                    alive = k.beat()
+                except Exception:  # one bad reply must not end every execution's heartbeat
+                    logger.exception("job %s: extending the execution lease failed", k.execution.job_id)
+                    k.next_at = time.monotonic() + k.interval_s
+                    alive = True
+                if not alive:
                     self.remove(k)
             with self.lock:
                 nxt = min((k.next_at for k in self.keepers), default=now + 60.0)

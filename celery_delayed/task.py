@@ -68,6 +68,7 @@ from celery import Task, signals
 from celery.backends.base import DisabledBackend
 from celery.exceptions import Ignore, Reject, Retry
 from celery.utils.log import get_task_logger
+from redis.exceptions import RedisError
 
 from . import api
 from .errors import DelayedError, StoreUnavailable
@@ -185,7 +186,7 @@ class DelayedTask(RetryMixin, Task):  # type: ignore[misc]
         # passes and a later redelivery may run the body again (documented).
         try:
             return ledger.finish(ex, outcome, reason)
-        except DelayedError as exc:
+        except (DelayedError, RedisError) as exc:
             logger.error("Could not record %s of %s[%s]: %s", outcome, self.name, ex.job_id, exc)
             return 0, ""
 

@@ -22,11 +22,14 @@ for i = 4, #ARGV do
   local id = ARGV[i]
   if redis.call('ZREM', KEYS[1], id) == 1 then
     local jk = prefix .. id
+    -- Only a job still CLAIMED becomes QUEUED: one a worker already started
+    -- (RUNNING, or finished with its done-marker TTL) or a retry scheduled
+    -- again keeps its message and TTL as they are.
     if redis.call('HGET', jk, 'st') == 'CLAIMED' then
       redis.call('HSET', jk, 'st', 'QUEUED', 'released', now)
+      redis.call('HDEL', jk, 'msg')
+      redis.call('PEXPIRE', jk, ttl)
     end
-    redis.call('HDEL', jk, 'msg')
-    redis.call('PEXPIRE', jk, ttl)
     n = n + 1
   end
 end

@@ -26,6 +26,7 @@ local outcome = ARGV[2]
 redis.call('HDEL', KEYS[1], 'lo', 'lu')
 if outcome == 'QUEUED' then
   redis.call('HSET', KEYS[1], 'st', 'QUEUED')
+  redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]))  -- bounded, as at release
   return {1, outcome}
 end
 redis.call('HSET', KEYS[1], 'st', outcome, 'finished', now_ms(ARGV[5]))

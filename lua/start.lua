@@ -38,4 +38,7 @@ if st ~= 'QUEUED' and st ~= 'CLAIMED' and st ~= 'RUNNING' then return {-4, st, a
 att = redis.call('HINCRBY', KEYS[1], 'att', 1)
 lu = now + tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], 'st', 'RUNNING', 'lo', ARGV[1], 'lu', lu, 'started', now, 'wk', ARGV[4])
+-- A running job's record must outlive the run: the TTL set at release is for
+-- records nobody starts; finish.lua sets the next one.
+redis.call('PERSIST', KEYS[1])
 return {1, 'RUNNING', att, lu}
