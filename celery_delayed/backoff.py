@@ -34,7 +34,6 @@ DEFAULT_POLICY = "exponential"
 DEFAULT_BASE_S = 1.0
 DEFAULT_FACTOR = 2.0
 DEFAULT_CAP_S = 600.0
-DEFAULT_MAX_ATTEMPTS = 4  # Celery's default: 3 retries after the first attempt
 
 
 @dataclass(frozen=True)

@@ -112,11 +112,20 @@ def status(ctx: click.Context, as_json: bool) -> None:
                f"{len(members)} scheduler(s) {' '.join(members)}")
 
 
+def paged(f: Any) -> Any:
+    """The paging options every listing command takes: --offset, --limit, --json."""
+    for option in reversed((
+        click.option("--offset", default=0, show_default=True, type=click.IntRange(0)),
+        click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 10_000)),
+        click.option("--json", "as_json", is_flag=True, help="Print JSON lines."),
+    )):
+        f = option(f)
+    return f
+
+
 @delayed.command(name="list")
 @click.option("--task", default=None, help="Only jobs of this task name.")
-@click.option("--offset", default=0, show_default=True, type=click.IntRange(0))
-@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 10_000))
-@click.option("--json", "as_json", is_flag=True, help="Print JSON lines.")
+@paged
 @click.pass_context
 def list_(ctx: click.Context, task: str | None, offset: int, limit: int, as_json: bool) -> None:
     """List pending (scheduled) jobs, earliest first within each shard (shard by shard)."""

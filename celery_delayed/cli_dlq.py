@@ -12,7 +12,7 @@ import json
 import click
 
 from . import dlq as _dlq
-from .cli import _app, _fmt_ms, delayed
+from .cli import _app, _fmt_ms, delayed, paged
 from .errors import DelayedError
 from .store import get_store
 
@@ -24,9 +24,7 @@ def dlq() -> None:
 
 @dlq.command(name="list")
 @click.option("--task", default=None, help="Only letters of this task name.")
-@click.option("--offset", default=0, show_default=True, type=click.IntRange(0))
-@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 10_000))
-@click.option("--json", "as_json", is_flag=True, help="Print JSON lines.")
+@paged
 @click.pass_context
 def list_(ctx: click.Context, task: str | None, offset: int, limit: int, as_json: bool) -> None:
     """List dead letters, most recent death first."""

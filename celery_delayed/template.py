@@ -38,7 +38,7 @@ from kombu.serialization import registry
 from kombu.utils.json import JSONEncoder
 from kombu.utils.json import dumps as kombu_json_dumps
 
-from .message import BuiltMessage, Route, build_message
+from .message import Route, build_message
 
 # Options whose value is fixed per template (part of the cache key). Any other
 # option (link, chain, chord, ...) sends the call down the regular path.
@@ -243,10 +243,3 @@ def template_for(
     if len(cache) < 1024:
         cache[key] = tmpl
     return tmpl
-
-
-def render_message(tmpl: Template, task_id: str, shard: int, args: Sequence[Any],
-                   kwargs: Mapping[str, Any], root_id: str | None, parent_id: str | None) -> BuiltMessage | None:
-    """A :class:`BuiltMessage` from a template, or None (use ``build_message``)."""
-    text = tmpl.render(task_id, shard, args, kwargs, root_id, parent_id)
-    return None if text is None else BuiltMessage(text, tmpl.route, None)

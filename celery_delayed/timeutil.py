@@ -7,8 +7,6 @@ from datetime import datetime, timedelta, timezone, tzinfo
 
 from .errors import InvalidWhen
 
-When = datetime | timedelta | int | float
-
 #: Largest |epoch ms| a due time may have: Lua formats numbers with "%.14g", so
 #: a 15-digit time would come back from the scripts in exponent notation.
 MAX_DUE_MS = 10**14 - 1  # about the year 5138

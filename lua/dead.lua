@@ -35,10 +35,7 @@ if not owns(jk, st, ARGV[7]) then return {-3, st, 0} end
 local now = now_ms(ARGV[2])
 local started = attempt_started(jk, st, ARGV[6], now)
 set_fields(jk, 9, tonumber(ARGV[8]))
-drop_lease(jk)
-redis.call('HSET', jk, 'st', 'DEAD', 'died', now, 'last_at', started)
-redis.call('HSETNX', jk, 'first_at', started)
-redis.call('HSETNX', jk, 'created', now)
+close_attempt(jk, 'DEAD', 'died', started, now)
 redis.call('HDEL', jk, 'released', 'reason')
 redis.call('PERSIST', jk)  -- bounded by the trim below, not by a ttl
 redis.call('ZREM', KEYS[3], id)

@@ -24,9 +24,7 @@ left alone); -2 DEAD but without a message to send (left in the dead-letter queu
 
 local prefix, bucket_ms = ARGV[1], tonumber(ARGV[3])
 local now = now_ms(ARGV[6])
-local spec = ARGV[2]
-local due
-if string.sub(spec, 1, 1) == '+' then due = now + tonumber(string.sub(spec, 2)) else due = tonumber(spec) end
+local due = due_from(ARGV[2], now)
 local out, any = {due}, false
 for i = 7, #ARGV do
   local id = ARGV[i]

@@ -20,12 +20,7 @@ local st, due = unpack(redis.call('HMGET', KEYS[4], 'st', 'due'))
 if not st then return {0, ''} end
 if st ~= 'SCHEDULED' then return {-1, st} end
 local spec, bucket_ms = ARGV[2], tonumber(ARGV[3])
-local new_due
-if string.sub(spec, 1, 1) == '+' then
-  new_due = now_ms(ARGV[6]) + tonumber(string.sub(spec, 2))
-else
-  new_due = tonumber(spec)
-end
+local new_due = due_from(spec, now_ms(ARGV[6]))
 due_rem(KEYS[1], KEYS[2], ARGV[1], tonumber(due), bucket_ms)
 due_add(KEYS[1], KEYS[2], ARGV[1], new_due, bucket_ms)
 redis.call('HSET', KEYS[4], 'due', new_due)

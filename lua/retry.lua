@@ -40,8 +40,7 @@ if st and not FAILABLE[st] then return {-1, st, 0} end
 if not owns(jk, st, ARGV[9]) then return {-3, st, 0} end
 local now = now_ms(ARGV[6])
 local spec, bucket_ms = ARGV[2], tonumber(ARGV[3])
-local due
-if string.sub(spec, 1, 1) == '+' then due = now + tonumber(string.sub(spec, 2)) else due = tonumber(spec) end
+local due = due_from(spec, now)
 local started = attempt_started(jk, st, ARGV[8], now)
 
 if not st then redis.call('HSET', jk, 'created', now) end

@@ -8,6 +8,12 @@ local function now_ms(arg)
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- A due time from its spec: '<ms>' (epoch ms) or '+<ms>' (a delay added to now).
+local function due_from(spec, now)
+  if string.sub(spec, 1, 1) == '+' then return now + tonumber(string.sub(spec, 2)) end
+  return tonumber(spec)
+end
+
 -- The sorted set that indexes a job due at `due`: the shard's one due set,
 -- or the time bucket that holds `due` when bucketing is on.
 local function due_key(due_base, due, bucket_ms)

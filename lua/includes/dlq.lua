@@ -64,6 +64,14 @@ local function drop_lease(jk)
   redis.call('HDEL', jk, 'lo', 'lu')
 end
 
+-- End the failed attempt: the job's new state, when (`at_field`), the attempt times.
+local function close_attempt(jk, state, at_field, started, now)
+  drop_lease(jk)
+  redis.call('HSET', jk, 'st', state, at_field, now, 'last_at', started)
+  redis.call('HSETNX', jk, 'first_at', started)
+  redis.call('HSETNX', jk, 'created', now)
+end
+
 -- States a failing attempt may leave: released to the queue (QUEUED, or CLAIMED
 -- while the publisher has not acknowledged it yet) or RUNNING (worker side).
 local FAILABLE = {QUEUED = true, CLAIMED = true, RUNNING = true}
