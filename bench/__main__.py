@@ -15,9 +15,10 @@ import traceback
 import warnings
 from collections.abc import Callable
 
+from celery_delayed.testing import RedisServer
+
 from . import report, s_lateness, s_memory, s_release, s_schedule
 from .common import Ctx
-from .redis_server import RedisServer
 
 SCENARIOS: dict[str, Callable[[Ctx], None]] = {
     "schedule": s_schedule.one_at_a_time,  # 1

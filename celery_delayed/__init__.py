@@ -2,15 +2,19 @@
 
 Delayed tasks stay out of the broker, in sharded Redis sorted sets, until
 they are due; a scheduler then moves them onto their Celery queues
-atomically with Lua scripts.
+atomically with Lua scripts. Importing this package changes nothing in
+Celery; :func:`install` wires an app (see :mod:`celery_delayed.plugin`).
 """
 
 from __future__ import annotations
 
-from . import intercept  # noqa: F401  (wraps Celery.send_task for delayed_intercept_eta)
+# Scheduling and job operations
 from .api import apply_later, apply_later_many, cancel, cancel_by_key, job_id_for_key, reschedule
-from .backoff import Backoff, compute_backoff
+
+# Settings
 from .config import DelayedConfig, get_config
+
+# Errors
 from .errors import (
     ConfigurationError,
     DelayedError,
@@ -22,13 +26,22 @@ from .errors import (
     LeaseLost,
     PayloadTooLarge,
     SerializationError,
+    StoreFull,
     StoreUnavailable,
     UnknownTask,
 )
+
+# Wiring an app into Celery
+from .plugin import install
 from .result import DelayedResult
-from .retrying import RetryMixin
+
+# The store
 from .store import Store, get_store
-from .task import DelayedTask
+from .vocab import JobState
+
+# The worker side
+from .worker.backoff import Backoff, compute_backoff
+from .worker.task import DelayedTask
 
 __all__ = [
     "Backoff",
@@ -42,11 +55,12 @@ __all__ = [
     "InvalidState",
     "InvalidWhen",
     "JobNotFound",
+    "JobState",
     "LeaseLost",
     "PayloadTooLarge",
-    "RetryMixin",
     "SerializationError",
     "Store",
+    "StoreFull",
     "StoreUnavailable",
     "UnknownTask",
     "apply_later",
@@ -56,6 +70,7 @@ __all__ = [
     "compute_backoff",
     "get_config",
     "get_store",
+    "install",
     "job_id_for_key",
     "reschedule",
 ]

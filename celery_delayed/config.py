@@ -1,66 +1,17 @@
-"""Settings: ``delayed_*`` keys on ``app.conf``, read once into a frozen object.
+"""Settings: ``delayed_*`` keys on ``app.conf``, read once per app into a frozen object.
 
-========================== ======= ============ ==========================================
-setting                    type    default      meaning
-========================== ======= ============ ==========================================
-delayed_redis_url          str     broker_url   Redis holding the store (must be redis://,
-                                                rediss:// or unix://)
-delayed_key_prefix         str     "delayed"    prefix of every store key
-delayed_shards             int     16           number of shards (sorted sets)
-delayed_bucket_ms          int     0            time-bucket width in ms; 0 = one sorted
-                                                set per shard
-delayed_release_mode       str     "auto"       "direct" (Lua pushes onto the Redis
-                                                broker's lists), "publish" (claim, publish
-                                                with kombu, ack) or "auto"
-delayed_batch_size         int     500          most jobs one release call moves
-delayed_lease_ms           int     30000        scheduler membership lease; a dead
-                                                scheduler's shards move after this
-delayed_claim_lease_ms     int     60000        publish path: time to publish a claimed
-                                                job before it is claimed again
-delayed_record_ttl_s       int     604800       how long a released / cancelled job's
-                                                record stays readable
-delayed_max_payload_bytes  int     1048576      largest message apply_later accepts
-delayed_max_attempts       int     4            attempts of a job (first run + retries)
-                                                before it is dead-lettered
-delayed_backoff            str     exponential  retry backoff policy: exponential (full
-                                                jitter), equal, decorrelated, fixed
-delayed_backoff_base_s     float   1.0          first retry delay before jitter, seconds
-delayed_backoff_factor     float   2.0          growth of the delay per retry (>= 1)
-delayed_backoff_cap_s      float   600.0        longest retry delay, seconds
-delayed_backoff_seed       int     None         seed the jitter (per job and retry), for
-                                                reproducible delays; None = random
-delayed_dlq_max_age_s      int     2592000      dead letters older than this are trimmed
-delayed_dlq_max_len        int     10000        most dead letters kept (over all shards;
-                                                each shard keeps ceil(max_len / shards))
-delayed_dlq_queue          str     None         also send each dead letter, as task
-                                                delayed_dlq_task, to this Celery queue
-delayed_dlq_task           str     see meaning  task name of those messages; default
-                                                "celery_delayed.dead_letter"
-delayed_dlq_all_failures   bool    False        dead-letter every final failure, not only
-                                                jobs that ran out of retries
-delayed_intercept_eta      bool    False        route apply_async(eta=/countdown=) and
-                                                Task.retry(countdown=) of every task
-                                                through the store
-delayed_intercept_min_delay_s
-                           float   1.0          shorter delays stay broker ETA messages
-delayed_exec_lease_ms      int     30000        worker side: execution lease of a running
-                                                job, extended by a heartbeat every third
-                                                of it; a dead worker's job can be taken
-                                                over by its redelivery after this
-delayed_done_ttl_s         int     86400        how long a finished job's record (the done
-                                                marker) makes a redelivery a no-op
-delayed_idempotency_ttl_s  int     86400        how long a finished job scheduled with an
-                                                idempotency_key keeps the key reserved
-                                                (the longer of the two TTLs applies)
-delayed_misfire            str     "run"        a job released over max lateness: "run",
-                                                "skip" or "dead" (see misfire.py)
-delayed_max_lateness_s     float   None         default max lateness, seconds; None = none
-========================== ======= ============ ==========================================
+Every setting is one row of :data:`SETTINGS` (name, type, default, bounds,
+meaning); validation, the defaults and the README's settings table all come
+from it (``tests/unit/test_config.py`` checks that the README agrees).
+Precedence for the options a task or a call may override, as Celery's own
+``Task.from_config``: call option > task attribute > setting > default
+(:func:`resolve`).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -69,59 +20,183 @@ from celery import Celery
 
 from .errors import ConfigurationError
 
-_ATTR = "_celery_delayed_config"
-_MODES = ("auto", "direct", "publish")
+_DAY_S = 86_400
+_YEAR_S = 365 * _DAY_S
 
 
-def _int(conf: Any, name: str, default: int, lo: int, hi: int) -> int:
-    value = conf.get(name, default)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigurationError(
-            f"{name} must be an int between {lo} and {hi}, got {type(value).__name__} {value!r}"
-        )
-    if not lo <= value <= hi:
-        raise ConfigurationError(f"{name} must be between {lo} and {hi}, got {value}")
-    return value
+@dataclass(frozen=True)
+class Setting:
+    """One ``delayed_*`` setting: its type, default, bounds and meaning."""
+
+    key: str  # the attribute of DelayedConfig; the setting is "delayed_" + key
+    kind: type
+    default: Any
+    doc: str
+    lo: float | None = None
+    hi: float | None = None
+    choices: tuple[str, ...] = ()
+    nullable: bool = False  # None is a value of its own (not "the default")
+    unit: str = ""
+
+    @property
+    def name(self) -> str:
+        """The ``app.conf`` key."""
+        return f"delayed_{self.key}"
+
+    def read(self, conf: Any) -> Any:
+        """The validated value of this setting in ``conf``."""
+        value = conf.get(self.name, None)
+        if value is None:
+            return self.default
+        return self.check(value)
+
+    def check(self, value: Any) -> Any:
+        """Validate one value; raise :class:`ConfigurationError` when it is wrong."""
+        what = self._describe()
+        if self.kind is bool:
+            if not isinstance(value, bool):
+                raise ConfigurationError(f"{self.name} must be True or False, got {type(value).__name__} {value!r}")
+            return value
+        if self.kind is str:
+            if not isinstance(value, str):
+                raise ConfigurationError(f"{self.name} must be a string, got {type(value).__name__} {value!r}")
+            if self.choices and value not in self.choices:
+                raise ConfigurationError(f"{self.name} must be one of {self.choices}, got {value!r}")
+            return value
+        numeric = (int,) if self.kind is int else (int, float)
+        if isinstance(value, bool) or not isinstance(value, numeric) or not math.isfinite(value):
+            raise ConfigurationError(f"{self.name} must be {what}, got {type(value).__name__} {value!r}")
+        if (self.lo is not None and value < self.lo) or (self.hi is not None and value > self.hi):
+            raise ConfigurationError(f"{self.name} must be {self._bounds()}, got {value}")
+        return self.kind(value)
+
+    def _describe(self) -> str:
+        noun = "an int" if self.kind is int else "a number"
+        bounds = self._bounds()
+        return f"{noun} {bounds}" if bounds else noun
+
+    def _bounds(self) -> str:
+        if self.lo is not None and self.hi is not None:
+            return f"between {_num(self.lo)} and {_num(self.hi)}"
+        if self.lo is not None:
+            return f">= {_num(self.lo)}"
+        return ""
 
 
-def _float(conf: Any, name: str, default: float, lo: float, hi: float) -> float:
-    value = conf.get(name, default)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ConfigurationError(
-            f"{name} must be a number between {lo} and {hi}, got {type(value).__name__} {value!r}"
-        )
-    if not lo <= value <= hi:
-        raise ConfigurationError(f"{name} must be between {lo} and {hi}, got {value}")
-    return float(value)
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
 
 
-def _bool(conf: Any, name: str, default: bool) -> bool:
-    value = conf.get(name, default)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise ConfigurationError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
-    return value
-
-
-def _str(conf: Any, name: str, default: str | None) -> str | None:
-    value = conf.get(name, default)
-    if value is not None and not isinstance(value, str):
-        raise ConfigurationError(f"{name} must be a string, got {type(value).__name__} {value!r}")
-    return value
+#: Every setting. The README's settings table is this table.
+SETTINGS: tuple[Setting, ...] = (
+    Setting("redis_url", str, None, "Redis holding the store (`redis://`, `rediss://` or `unix://`). Required when "
+            "the broker is not Redis.", nullable=True),
+    Setting("key_prefix", str, "delayed", "prefix of every store key (no braces, `\\|` or spaces)"),
+    Setting("shards", int, 16, "number of shards; a job's shard is `crc32(shard_key or job id) % shards`",
+            lo=1, hi=16384),
+    Setting("bucket_ms", int, 0, "time-bucket width inside a shard; `0` = one sorted set per shard",
+            lo=0, hi=86_400_000, unit="ms"),
+    Setting("release_mode", str, "auto", "`\"direct\"`, `\"publish\"` or `\"auto\"` (see How release works)",
+            choices=("auto", "direct", "publish")),
+    Setting("batch_size", int, 500, "most jobs one release call moves", lo=1, hi=100_000),
+    Setting("lease_ms", int, 30_000, "scheduler membership lease: a dead scheduler's shards move to the others "
+            "after this; heartbeat every quarter of it", lo=500, hi=3_600_000, unit="ms"),
+    Setting("claim_lease_ms", int, 60_000, "publish path: time to publish a claimed job before it is claimed again",
+            lo=500, hi=86_400_000, unit="ms"),
+    Setting("record_ttl_s", int, 7 * _DAY_S, "how long a released or cancelled job's record stays readable",
+            lo=1, hi=10 * _YEAR_S, unit="s"),
+    Setting("max_payload_bytes", int, 1 << 20, "largest message `apply_later` accepts",
+            lo=256, hi=512 << 20, unit="bytes"),
+    Setting("exec_lease_ms", int, 30_000, "worker side: execution lease of a running job, extended by a heartbeat "
+            "every third of it; a dead worker's job can be taken over by its redelivery after this",
+            lo=300, hi=86_400_000, unit="ms"),
+    Setting("done_ttl_s", int, _DAY_S, "how long a succeeded job's record (the done marker) turns a redelivery "
+            "into a no-op", lo=1, hi=10 * _YEAR_S, unit="s"),
+    Setting("idempotency_ttl_s", int, _DAY_S, "how long a finished job scheduled with an `idempotency_key` keeps "
+            "the key reserved (the longer of the two TTLs applies)", lo=1, hi=10 * _YEAR_S, unit="s"),
+    Setting("max_attempts", int, 4, "attempts of a job (first run + retries) before it is dead-lettered",
+            lo=1, hi=10_000),
+    Setting("backoff", str, "exponential", "retry backoff: `exponential` (full jitter), `equal`, `decorrelated`, "
+            "`fixed`", choices=("exponential", "equal", "decorrelated", "fixed")),
+    Setting("backoff_base_s", float, 1.0, "first retry delay before jitter", lo=0.0, hi=float(_YEAR_S), unit="s"),
+    Setting("backoff_factor", float, 2.0, "growth of the delay per retry (≥ 1)", lo=1.0, hi=1000.0),
+    Setting("backoff_cap_s", float, 600.0, "longest retry delay", lo=0.0, hi=float(_YEAR_S), unit="s"),
+    Setting("backoff_seed", int, None, "seed the jitter (per job and retry) for reproducible delays; `None` = random",
+            nullable=True),
+    Setting("dlq_max_age_s", int, 30 * _DAY_S, "dead letters older than this are trimmed",
+            lo=1, hi=10 * _YEAR_S, unit="s"),
+    Setting("dlq_max_len", int, 10_000, "most dead letters kept, over all shards (each keeps "
+            "`ceil(max_len / shards)`)", lo=1, hi=10_000_000),
+    Setting("dlq_queue", str, None, "also send each dead letter, as task `delayed_dlq_task`, to this Celery queue",
+            nullable=True),
+    Setting("dlq_task", str, "celery_delayed.dead_letter", "task name of those messages"),
+    Setting("dlq_all_failures", bool, False, "dead-letter every final failure, not only jobs that ran out of "
+            "attempts"),
+    Setting("misfire", str, "run", "a job released later than its max lateness: `\"run\"`, `\"skip\"` or `\"dead\"`",
+            choices=("run", "skip", "dead")),
+    Setting("max_lateness_s", float, None, "default max lateness; `None` = no limit", lo=0.0, hi=float(_YEAR_S),
+            nullable=True, unit="s"),
+    Setting("intercept_eta", bool, False, "route `apply_async(eta=/countdown=)` and `Task.retry(countdown=)` of "
+            "every task through the store (see Adopting without changing call sites)"),
+    Setting("intercept_min_delay_s", float, 1.0, "with interception: shorter delays stay broker ETA messages",
+            lo=0.0, hi=float(_YEAR_S), unit="s"),
+)
+SETTINGS_BY_KEY = {s.key: s for s in SETTINGS}
 
 
 def _is_redis_url(url: str) -> bool:
     return urlsplit(url).scheme in ("redis", "rediss", "unix", "socket")
 
 
+def broker_url(conf: Any) -> str:
+    """The app's (first) broker URL, or ''."""
+    broker = conf.broker_url or ""
+    if isinstance(broker, (list, tuple)):
+        broker = broker[0] if broker else ""
+    return str(broker)
+
+
+def _redis_url(conf: Any, value: str | None) -> str:
+    if value is None:
+        broker = broker_url(conf)
+        if not broker or not _is_redis_url(broker):
+            raise ConfigurationError(
+                "set delayed_redis_url: the broker is not Redis "
+                f"({broker or 'unset'!r}), so the store needs its own Redis URL"
+            )
+        return broker
+    if not _is_redis_url(value):
+        raise ConfigurationError(f"delayed_redis_url must be a redis://, rediss:// or unix:// URL, got {value!r}")
+    return value
+
+
+def _key_prefix(conf: Any, value: str) -> str:
+    if not value or any(c in value for c in "{}| \t\r\n"):
+        raise ConfigurationError(f"delayed_key_prefix must be non-empty without braces, '|' or spaces, got {value!r}")
+    return value
+
+
+def _non_empty(name: str) -> Callable[[Any, str | None], str | None]:
+    def check(conf: Any, value: str | None) -> str | None:
+        if value == "":
+            raise ConfigurationError(f"delayed_{name} must be non-empty (or unset)")
+        return value
+
+    return check
+
+
+#: Checks beyond type and bounds, by key.
+_EXTRA_CHECKS: dict[str, Callable[[Any, Any], Any]] = {
+    "redis_url": _redis_url,
+    "key_prefix": _key_prefix,
+    "dlq_queue": _non_empty("dlq_queue"),
+    "dlq_task": _non_empty("dlq_task"),
+}
+
+
 @dataclass(frozen=True)
 class DelayedConfig:
-    """The validated ``delayed_*`` settings of one app (see the module docstring)."""
+    """The validated ``delayed_*`` settings of one app (see :data:`SETTINGS`)."""
 
     redis_url: str
     key_prefix: str
@@ -133,118 +208,55 @@ class DelayedConfig:
     claim_lease_ms: int
     record_ttl_s: int
     max_payload_bytes: int
-    # retries and the dead-letter queue (retrying.py, dlq.py, intercept.py)
-    max_attempts: int = 4
-    backoff: str = "exponential"
-    backoff_base_s: float = 1.0
-    backoff_factor: float = 2.0
-    backoff_cap_s: float = 600.0
-    backoff_seed: int | None = None
-    dlq_max_age_s: int = 2_592_000
-    dlq_max_len: int = 10_000
-    dlq_queue: str | None = None
-    dlq_task: str = "celery_delayed.dead_letter"
-    dlq_all_failures: bool = False
-    intercept_eta: bool = False
-    intercept_min_delay_s: float = 1.0
-    # worker side (task.py, misfire.py)
-    exec_lease_ms: int = 30_000
-    done_ttl_s: int = 86_400
-    idempotency_ttl_s: int = 86_400
-    misfire: str = "run"
-    max_lateness_s: float | None = None
+    exec_lease_ms: int
+    done_ttl_s: int
+    idempotency_ttl_s: int
+    max_attempts: int
+    backoff: str
+    backoff_base_s: float
+    backoff_factor: float
+    backoff_cap_s: float
+    backoff_seed: int | None
+    dlq_max_age_s: int
+    dlq_max_len: int
+    dlq_queue: str | None
+    dlq_task: str
+    dlq_all_failures: bool
+    misfire: str
+    max_lateness_s: float | None
+    intercept_eta: bool
+    intercept_min_delay_s: float
 
     @property
     def record_ttl_ms(self) -> int:
         """``record_ttl_s`` in milliseconds."""
         return self.record_ttl_s * 1000
 
+    @property
+    def dlq_max_len_per_shard(self) -> int:
+        """The dead letters one shard keeps: ``ceil(dlq_max_len / shards)``."""
+        return -(-self.dlq_max_len // self.shards)
+
+    @classmethod
+    def defaults(cls, **overrides: Any) -> DelayedConfig:
+        """A config with every default (``redis_url`` must be given), for tools and tests."""
+        values = {s.key: s.default for s in SETTINGS}
+        values.update(overrides)
+        return cls(**values)
+
     @classmethod
     def from_app(cls, app: Celery) -> DelayedConfig:
         """Read and validate the settings; raise :class:`ConfigurationError` when wrong."""
         conf = app.conf
-        broker = conf.broker_url or ""
-        if isinstance(broker, (list, tuple)):
-            broker = broker[0] if broker else ""
-        url = _str(conf, "delayed_redis_url", None)
-        if url is None:
-            if not broker or not _is_redis_url(broker):
-                raise ConfigurationError(
-                    "set delayed_redis_url: the broker is not Redis "
-                    f"({broker or 'unset'!r}), so the store needs its own Redis URL"
-                )
-            url = broker
-        elif not _is_redis_url(url):
-            raise ConfigurationError(
-                f"delayed_redis_url must be a redis://, rediss:// or unix:// URL, got {url!r}"
-            )
-        prefix = _str(conf, "delayed_key_prefix", "delayed") or ""
-        if not prefix or any(c in prefix for c in "{}| \t\r\n"):
-            raise ConfigurationError(
-                f"delayed_key_prefix must be non-empty without braces, '|' or spaces, got {prefix!r}"
-            )
-        mode = _str(conf, "delayed_release_mode", "auto")
-        if mode not in _MODES:
-            raise ConfigurationError(f"delayed_release_mode must be one of {_MODES}, got {mode!r}")
-        return cls(
-            redis_url=url,
-            key_prefix=prefix,
-            shards=_int(conf, "delayed_shards", 16, 1, 16384),
-            bucket_ms=_int(conf, "delayed_bucket_ms", 0, 0, 86_400_000),
-            release_mode=str(mode),
-            batch_size=_int(conf, "delayed_batch_size", 500, 1, 100_000),
-            lease_ms=_int(conf, "delayed_lease_ms", 30_000, 500, 3_600_000),
-            claim_lease_ms=_int(conf, "delayed_claim_lease_ms", 60_000, 500, 86_400_000),
-            record_ttl_s=_int(conf, "delayed_record_ttl_s", 604_800, 1, 10 * 365 * 86_400),
-            max_payload_bytes=_int(conf, "delayed_max_payload_bytes", 1 << 20, 256, 512 << 20),
-            **_retry_settings(conf),
-            **_worker_settings(conf),
-        )
+        values: dict[str, Any] = {}
+        for setting in SETTINGS:
+            value = setting.read(conf)
+            extra = _EXTRA_CHECKS.get(setting.key)
+            values[setting.key] = extra(conf, value) if extra is not None else value
+        return cls(**values)
 
 
-def _retry_settings(conf: Any) -> dict[str, Any]:
-    from .backoff import POLICIES
-
-    policy = _str(conf, "delayed_backoff", "exponential")
-    if policy not in POLICIES:
-        raise ConfigurationError(f"delayed_backoff must be one of {POLICIES}, got {policy!r}")
-    seed = conf.get("delayed_backoff_seed", None)
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise ConfigurationError(f"delayed_backoff_seed must be an int or None, got {seed!r}")
-    queue = _str(conf, "delayed_dlq_queue", None)
-    task = _str(conf, "delayed_dlq_task", "celery_delayed.dead_letter")
-    if queue == "" or not task:
-        raise ConfigurationError("delayed_dlq_queue and delayed_dlq_task must be non-empty (or unset)")
-    return {
-        "max_attempts": _int(conf, "delayed_max_attempts", 4, 1, 10_000),
-        "backoff": str(policy),
-        "backoff_base_s": _float(conf, "delayed_backoff_base_s", 1.0, 0.0, 31_536_000.0),
-        "backoff_factor": _float(conf, "delayed_backoff_factor", 2.0, 1.0, 1000.0),
-        "backoff_cap_s": _float(conf, "delayed_backoff_cap_s", 600.0, 0.0, 31_536_000.0),
-        "backoff_seed": seed,
-        "dlq_max_age_s": _int(conf, "delayed_dlq_max_age_s", 2_592_000, 1, 10 * 365 * 86_400),
-        "dlq_max_len": _int(conf, "delayed_dlq_max_len", 10_000, 1, 10_000_000),
-        "dlq_queue": queue,
-        "dlq_task": str(task),
-        "dlq_all_failures": _bool(conf, "delayed_dlq_all_failures", False),
-        "intercept_eta": _bool(conf, "delayed_intercept_eta", False),
-        "intercept_min_delay_s": _float(conf, "delayed_intercept_min_delay_s", 1.0, 0.0, 31_536_000.0),
-    }
-
-
-def _worker_settings(conf: Any) -> dict[str, Any]:
-    misfire = _str(conf, "delayed_misfire", "run")
-    if misfire not in ("run", "skip", "dead"):
-        raise ConfigurationError(f"delayed_misfire must be 'run', 'skip' or 'dead', got {misfire!r}")
-    lateness = conf.get("delayed_max_lateness_s", None)
-    return {
-        "exec_lease_ms": _int(conf, "delayed_exec_lease_ms", 30_000, 300, 86_400_000),
-        "done_ttl_s": _int(conf, "delayed_done_ttl_s", 86_400, 1, 10 * 365 * 86_400),
-        "idempotency_ttl_s": _int(conf, "delayed_idempotency_ttl_s", 86_400, 1, 10 * 365 * 86_400),
-        "misfire": str(misfire),
-        "max_lateness_s": None if lateness is None
-        else _float(conf, "delayed_max_lateness_s", 0.0, 0.0, 31_536_000.0),
-    }
+_ATTR = "_celery_delayed_config"
 
 
 def get_config(app: Celery) -> DelayedConfig:
@@ -254,3 +266,44 @@ def get_config(app: Celery) -> DelayedConfig:
         cfg = DelayedConfig.from_app(app)
         setattr(app, _ATTR, cfg)
     return cfg
+
+
+def resolve(call: Any, task: Any, attr: str, config: DelayedConfig, setting: str | None = None) -> Any:
+    """One option's value: call option > task attribute ``attr`` > setting > default.
+
+    The setting is ``delayed_<setting or attr>`` (already resolved to its
+    default in ``config``). ``None`` at a level means "not given there".
+    """
+    if call is not None:
+        return call
+    value = getattr(task, attr, None) if task is not None else None
+    if value is not None:
+        return value
+    return getattr(config, setting or attr)
+
+
+def settings_table() -> str:
+    """The README's settings table (Markdown), generated from :data:`SETTINGS`.
+
+    ``python -c "from celery_delayed.config import settings_table; print(settings_table())"``
+    prints it; ``tests/unit/test_config.py`` checks that the README holds it.
+    """
+    lines = ["| setting | type | default | meaning |", "|---|---|---|---|"]
+    for s in SETTINGS:
+        kind = s.kind.__name__ + (f", {s.unit}" if s.unit else "")
+        if s.key == "redis_url":
+            default = "`broker_url`"
+        elif isinstance(s.default, str):
+            default = f'`"{s.default}"`'
+        else:
+            default = f"`{s.default}`" + _human(s)
+        lines.append(f"| `{s.name}` | {kind} | {default} | {s.doc} |")
+    return "\n".join(lines)
+
+
+def _human(s: Setting) -> str:
+    if s.unit != "s" or not isinstance(s.default, int) or s.default < _DAY_S or s.default % _DAY_S:
+        return ""
+    days = s.default // _DAY_S
+    return f" ({days} day{'s' if days > 1 else ''})"
+

@@ -62,8 +62,38 @@ class InvalidState(DelayedError):
 
 
 class StoreUnavailable(DelayedError, ConnectionError):
-    """Redis could not be reached; nothing was written."""
+    """Redis could not be reached (the message says whether a write may have happened)."""
 
 
 class LeaseLost(DelayedError):
     """The scheduler no longer holds the shard's lease."""
+
+
+class StoreFull(StoreUnavailable):
+    """Redis refused a write because it reached ``maxmemory`` (policy ``noeviction``).
+
+    Nothing was written. A subclass of :class:`StoreUnavailable`, so callers
+    that retry an unreachable store retry a full one the same way.
+    """
+
+
+def raise_for(code: int, job_id: str, state: str, operation: str) -> None:
+    """Raise the exception a script's negative reply code stands for (see :class:`~celery_delayed.vocab.Reply`).
+
+    Does nothing for a non-negative code other than ``NOT_FOUND``.
+
+    Raises:
+        JobNotFound: ``NOT_FOUND``.
+        InvalidState: ``WRONG_STATE``, ``BUSY`` or ``NO_MESSAGE``.
+        LeaseLost: ``NOT_OWNER``.
+    """
+    from .vocab import Reply
+
+    if code == Reply.NOT_FOUND:
+        raise JobNotFound(job_id)
+    if code == Reply.NOT_OWNER:
+        raise LeaseLost(f"cannot {operation} job {job_id!r}: the caller does not hold its lease (it is {state})")
+    if code == Reply.NO_MESSAGE:
+        raise InvalidState(job_id, f"{state} without a stored message", operation)
+    if code < 0:
+        raise InvalidState(job_id, state, operation)

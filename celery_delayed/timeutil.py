@@ -33,7 +33,7 @@ def due_spec(when: object, tz: tzinfo) -> str:
             delay over :data:`MAX_DELAY_MS` or a datetime beyond :data:`MAX_DUE_MS`.
     """
     if isinstance(when, datetime):
-        aware = when if when.tzinfo is not None and when.utcoffset() is not None else _localize(when, tz)
+        aware = when if when.tzinfo is not None and when.utcoffset() is not None else localize(when, tz)
         try:
             ms = math.floor(aware.timestamp() * 1000)
         except (OverflowError, ValueError, OSError) as exc:
@@ -70,10 +70,11 @@ def _delay(seconds: float, shown: str) -> str:
     return f"+{math.ceil(seconds * 1000)}"
 
 
-def _localize(naive: datetime, tz: tzinfo) -> datetime:
-    localize = getattr(tz, "localize", None)  # pytz-style zones
-    if callable(localize):
-        out: datetime = localize(naive)
+def localize(naive: datetime, tz: tzinfo) -> datetime:
+    """A naive datetime read in ``tz`` (pytz zones through their ``localize``)."""
+    pytz_localize = getattr(tz, "localize", None)  # pytz-style zones
+    if callable(pytz_localize):
+        out: datetime = pytz_localize(naive)
         return out
     return naive.replace(tzinfo=tz)
 

@@ -38,7 +38,7 @@ from urllib.parse import urlsplit
 
 import redis
 
-from .redis_server import RedisServer
+from celery_delayed.testing import RedisServer, ensure_redis_server
 
 HERE = Path(__file__).resolve().parent
 #: Due times start this long after scheduling begins, so that scheduling a
@@ -203,10 +203,11 @@ class Demo:
         if str(HERE) not in sys.path:
             sys.path.insert(0, str(HERE))
         self.tasks: Any = importlib.import_module("proj.tasks")
-        from celery_delayed import get_store
+        from celery_delayed.store import ShardStatus, get_store
 
         self.app = self.tasks.app
         self.store = get_store(self.app)
+        self.shard_status = ShardStatus(self.store)
         self.client = redis.Redis.from_url(url, decode_responses=True)
         self.procs: list[Proc] = []
 
@@ -258,7 +259,7 @@ class Demo:
         released = 0
         while True:
             executed = int(self.client.llen(self.record_key))
-            waiting = int(sum(r["pending"] + r["inflight"] for r in self.store.shard_status()))
+            waiting = int(sum(r["pending"] + r["inflight"] for r in self.shard_status.rows()))
             released = expected - waiting
             bar.show(executed, expected, f"released {released}/{expected}")
             if executed >= expected and waiting == 0:
@@ -388,7 +389,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if url:
             print(f"redis      {_redact(url)} (REDIS_URL)")
         else:
-            server = RedisServer().start()
+            server = RedisServer(exe=ensure_redis_server(install=True), own_session=True).start()
             url = server.url
             print(f"redis      private redis-server on {url} (set REDIS_URL to use another)")
         _check_reachable(url)
@@ -419,7 +420,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 demo.forget()
         if server is not None:
             print("stopping redis-server ...", flush=True)
-            server.stop()
+            server.close()
         if status in (0, 130) or not any(logdir.iterdir()):
             shutil.rmtree(logdir, ignore_errors=True)
         else:

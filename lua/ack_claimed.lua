@@ -1,8 +1,8 @@
 --[[ ack_claimed: confirm that claimed jobs were published (publish path).
 
 KEYS[1]  in-flight set     {p}:{s}:inflight
-ARGV[1]  job key prefix    {p}:{s}:job:
-ARGV[2]  now, epoch ms ('' = the Redis server's TIME)
+ARGV[1]  now, epoch ms ('' = the Redis server's TIME)
+ARGV[2]  job key prefix    {p}:{s}:job:
 ARGV[3]  ttl of a released job's record, ms
 ARGV[4..] job ids
 
@@ -15,8 +15,8 @@ flight keeps its CANCELLED state.
 ]]
 -- @include "common"
 
-local prefix, ttl = ARGV[1], tonumber(ARGV[3])
-local now = now_ms(ARGV[2])
+local now = now_ms(ARGV[1])
+local prefix, ttl = ARGV[2], tonumber(ARGV[3])
 local n = 0
 for i = 4, #ARGV do
   local id = ARGV[i]

@@ -12,8 +12,8 @@ KEYS[3]  next due key      {p}:{s}:next
 KEYS[4]  lease key         {p}:{s}:lease
 KEYS[5]  in-flight set     {p}:{s}:inflight
 KEYS[6]  dead-letter set   {p}:{s}:dlq
-ARGV[1]  job key prefix    {p}:{s}:job:
-ARGV[2]  now, epoch ms ('' = the Redis server's TIME)
+ARGV[1]  now, epoch ms ('' = the Redis server's TIME)
+ARGV[2]  job key prefix    {p}:{s}:job:
 ARGV[3]  most jobs to claim in this call
 ARGV[4]  bucket width, ms (0 = one due set)
 ARGV[5]  lease owner token ('' = no lease check)
@@ -24,20 +24,21 @@ ARGV[9]  dead letters' max age, ms (misfire 'dead': the set is trimmed)
 ARGV[10] most dead letters this shard keeps
 
 Returns {code, claimed, skipped, next_due, now, then per claimed job:
-id, msg, exchange, routing_key, queue, ev}; code 1 = done, -1 = the shard
-lease is not held (nothing done); next_due as in release_due. Jobs that
+id, msg, exchange, routing_key, queue, ev}; code OK, or NOT_OWNER when the
+shard's lease is not held (nothing done); next_due as in release_due. Jobs that
 expired or missed max_lateness are not claimed (see release_due: EXPIRED,
 SKIPPED, DEAD) and count as skipped.
 ]]
 -- @include "common"
+-- @include "due_index"
 -- @include "dlq"
 -- @include "misfire"
 
-local prefix, limit, bucket_ms = ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4])
-if not lease_ok(KEYS[4], ARGV[5], ARGV[6]) then return {-1, 0, 0, -1, 0} end
-local now = now_ms(ARGV[2])
+if not lease_ok(KEYS[4], ARGV[5], ARGV[6]) then return {NOT_OWNER, 0, 0, -1, 0} end
+local now = now_ms(ARGV[1])
+local prefix, limit, bucket_ms = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local deadline = now + tonumber(ARGV[7])
-local out = {1, 0, 0, -1, now}
+local out = {OK, 0, 0, -1, now}
 local claimed, skipped, dead = 0, 0, 0
 local ttl = tonumber(ARGV[8])
 

@@ -7,8 +7,8 @@ set is then trimmed by age and by count, so the dead-letter queue is bounded.
 KEYS[1]  job record        {p}:{s}:job:<id>
 KEYS[2]  dead letters      {p}:{s}:dlq
 KEYS[3]  in-flight set     {p}:{s}:inflight
-ARGV[1]  job id
-ARGV[2]  now, epoch ms ('' = the Redis server's TIME)
+ARGV[1]  now, epoch ms ('' = the Redis server's TIME)
+ARGV[2]  job id
 ARGV[3]  job key prefix    {p}:{s}:job:
 ARGV[4]  max age of a dead letter, ms (older ones are dropped)
 ARGV[5]  most dead letters this shard keeps
@@ -20,19 +20,20 @@ ARGV[9 .. 8+F]      field names (task, q, ex, rk, msg, lk, bx, ps, etype, emsg,
 ARGV[9+F .. 8+2F]   their values ('' removes the field)
 
 Returns {code, previous state, dropped}:
-   1  DEAD (previous state QUEUED, CLAIMED, RUNNING, or '' for a new record);
-      dropped = dead letters trimmed by age or count
-  -1  SCHEDULED (a retry is pending), CANCELLED or finished: nothing changed
-  -3  RUNNING under another execution's lease: nothing changed
+  OK           DEAD (previous state QUEUED, CLAIMED, RUNNING, or '' for a new
+               record); dropped = dead letters trimmed by age or count
+  WRONG_STATE  SCHEDULED (a retry is pending), CANCELLED or finished: nothing changed
+  NOT_OWNER    RUNNING under another execution's lease: nothing changed
 ]]
 -- @include "common"
+-- @include "attempts"
 -- @include "dlq"
 
-local jk, id = KEYS[1], ARGV[1]
+local jk, id = KEYS[1], ARGV[2]
 local st = redis.call('HGET', jk, 'st')
-if st and not FAILABLE[st] then return {-1, st, 0} end
-if not owns(jk, st, ARGV[7]) then return {-3, st, 0} end
-local now = now_ms(ARGV[2])
+if st and not FAILABLE[st] then return {WRONG_STATE, st, 0} end
+if not owns(jk, st, ARGV[7]) then return {NOT_OWNER, st, 0} end
+local now = now_ms(ARGV[1])
 local started = attempt_started(jk, st, ARGV[6], now)
 set_fields(jk, 9, tonumber(ARGV[8]))
 close_attempt(jk, 'DEAD', 'died', started, now)
@@ -41,4 +42,4 @@ redis.call('PERSIST', jk)  -- bounded by the trim below, not by a ttl
 redis.call('ZREM', KEYS[3], id)
 redis.call('ZADD', KEYS[2], now, id)
 local dropped = dlq_trim(KEYS[2], ARGV[3], now - tonumber(ARGV[4]), tonumber(ARGV[5]), 1000)
-return {1, st or '', dropped}
+return {OK, st or '', dropped}

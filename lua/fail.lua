@@ -2,8 +2,8 @@
 
 KEYS[1]  in-flight set     {p}:{s}:inflight
 KEYS[2]  job record        {p}:{s}:job:<id>
-ARGV[1]  job id
-ARGV[2]  now, epoch ms ('' = the Redis server's TIME)
+ARGV[1]  now, epoch ms ('' = the Redis server's TIME)
+ARGV[2]  job id
 ARGV[3]  ttl of the failed record, ms
 ARGV[4]  start of the attempt that failed, epoch ms ('' = now)
 ARGV[5]  execution owner token (worker side lease, `lo`; '' = no check)
@@ -12,22 +12,22 @@ ARGV[7 .. 6+F]      field names (etype, emsg, tb, host, ...)
 ARGV[7+F .. 6+2F]   their values ('' removes the field)
 
 Returns {code, previous state}:
-   1  FAILED (previous state QUEUED, CLAIMED, RUNNING, or '' for a new record)
-  -1  SCHEDULED (a retry is pending), CANCELLED or finished: nothing changed
-  -3  RUNNING under another execution's lease: nothing changed
+  OK           FAILED (previous state QUEUED, CLAIMED, RUNNING, or '' for a new record)
+  WRONG_STATE  SCHEDULED (a retry is pending), CANCELLED or finished: nothing changed
+  NOT_OWNER    RUNNING under another execution's lease: nothing changed
 ]]
 -- @include "common"
--- @include "dlq"
+-- @include "attempts"
 
 local jk = KEYS[2]
 local st = redis.call('HGET', jk, 'st')
-if st and not FAILABLE[st] then return {-1, st} end
-if not owns(jk, st, ARGV[5]) then return {-3, st} end
-local now = now_ms(ARGV[2])
+if st and not FAILABLE[st] then return {WRONG_STATE, st} end
+if not owns(jk, st, ARGV[5]) then return {NOT_OWNER, st} end
+local now = now_ms(ARGV[1])
 local started = attempt_started(jk, st, ARGV[4], now)
 set_fields(jk, 7, tonumber(ARGV[6]))
 close_attempt(jk, 'FAILED', 'finished', started, now)
 redis.call('HDEL', jk, 'msg')
-redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[1], ARGV[2])
 redis.call('PEXPIRE', jk, tonumber(ARGV[3]))
-return {1, st or ''}
+return {OK, st or ''}

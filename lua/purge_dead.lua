@@ -1,13 +1,16 @@
---[[ purge_dead: delete dead letters of one shard that died at or before a time.
+--[[ purge_dead: delete dead letters of one shard that died long enough ago.
 
 KEYS[1]  dead letters      {p}:{s}:dlq
-ARGV[1]  job key prefix    {p}:{s}:job:
-ARGV[2]  cutoff, epoch ms: letters that died at or before it go ('' = all)
-ARGV[3]  most letters to delete in this call
+ARGV[1]  now, epoch ms ('' = the Redis server's TIME)
+ARGV[2]  job key prefix    {p}:{s}:job:
+ARGV[3]  age, ms: letters that died at or before now - age go ('' = all)
+ARGV[4]  most letters to delete in this call
 
-Returns the number deleted; call again while it equals ARGV[3].
+Returns the number deleted; call again while it equals ARGV[4].
 ]]
+-- @include "common"
 -- @include "dlq"
 
-local cutoff = ARGV[2] == '' and '+inf' or ARGV[2]
-return dlq_trim(KEYS[1], ARGV[1], cutoff, -1, tonumber(ARGV[3]))
+local cutoff = '+inf'
+if ARGV[3] ~= '' then cutoff = now_ms(ARGV[1]) - tonumber(ARGV[3]) end
+return dlq_trim(KEYS[1], ARGV[2], cutoff, -1, tonumber(ARGV[4]))

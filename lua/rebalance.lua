@@ -10,15 +10,15 @@ Deterministic: every live member computes the same assignment.
 KEYS[1]          scheduler set {p}:schedulers
 KEYS[2..N+1]     lease key of shard 0 .. N-1   {p}:{i}:lease
 KEYS[N+2..2N+1]  fence key of shard 0 .. N-1   {p}:{i}:fence
-ARGV[1]  the caller's owner token
-ARGV[2]  now, epoch ms ('' = the Redis server's TIME)
+ARGV[1]  now, epoch ms ('' = the Redis server's TIME)
+ARGV[2]  the caller's owner token
 
 Returns {shard, fence, shard, fence, ...} of the shards the caller now holds
 (empty when the caller is not a live member).
 ]]
 -- @include "common"
 
-local now = now_ms(ARGV[2])
+local now = now_ms(ARGV[1])
 -- Exclusive, as heartbeat.lua: a member whose deadline is now is dead.
 local live = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')
 table.sort(live)
@@ -37,7 +37,7 @@ for i = 0, n - 1 do
     fence = tostring(redis.call('INCR', fence_key))
     redis.call('SET', lease_key, want .. '|' .. fence)
   end
-  if want == ARGV[1] then
+  if want == ARGV[2] then
     out[#out + 1] = i
     out[#out + 1] = fence
   end

@@ -10,8 +10,8 @@ KEYS[2]  bucket index      {p}:{s}:buckets
 KEYS[3]  next due key      {p}:{s}:next
 KEYS[4]  lease key         {p}:{s}:lease
 KEYS[5]  dead-letter set   {p}:{s}:dlq
-ARGV[1]  job key prefix    {p}:{s}:job:
-ARGV[2]  now, epoch ms ('' = the Redis server's TIME)
+ARGV[1]  now, epoch ms ('' = the Redis server's TIME)
+ARGV[2]  job key prefix    {p}:{s}:job:
 ARGV[3]  most jobs to release in this call
 ARGV[4]  bucket width, ms (0 = one due set)
 ARGV[5]  lease owner token ('' = no lease check)
@@ -19,8 +19,8 @@ ARGV[6]  lease fence
 ARGV[7]  ttl of a released job's record, ms
 ARGV[8]  kombu global_keyprefix ('' for none)
 ARGV[9]  kombu's dead-letter queue for unroutable messages (transport option
-         deadletter_queue; '' or absent = none: the message is dropped, as
-         kombu drops it, and the record is marked reason=UNROUTABLE)
+         deadletter_queue; '' = none: the message is dropped, as kombu drops
+         it, and the record is marked reason=UNROUTABLE)
 ARGV[10] dead letters' max age, ms (misfire 'dead' trims the dead-letter set)
 ARGV[11] most dead letters this shard keeps
 
@@ -32,23 +32,25 @@ none bound: kombu's dead-letter queue, ARGV[9]). A record with neither
 (stored for the publish path) is pushed to global_keyprefix + q.
 
 Returns {code, released, skipped, next_due, now, id1, ev1, id2, ev2, ...}:
-code 1 = done, -1 = the lease is not held (nothing done); next_due = the
-earliest due time left in the shard, -1 when none; evN = the job's stored
-task-sent event fields ('' when the app sends no such events). Skipped jobs
-were cancelled (or otherwise no longer SCHEDULED) and are only unindexed, or
-were not sent because they expired (Celery's `expires`: state EXPIRED) or
-missed max_lateness with misfire 'skip' (SKIPPED) or 'dead' (DEAD).
+code OK, or NOT_OWNER when the shard's lease is not held (nothing done);
+next_due = the earliest due time left in the shard, -1 when none; evN = the
+job's stored task-sent event fields ('' when the app sends no such events).
+Skipped jobs were cancelled (or otherwise no longer SCHEDULED) and are only
+unindexed, or were not sent because they expired (Celery's `expires`: state
+EXPIRED) or missed max_lateness with misfire 'skip' (SKIPPED) or 'dead' (DEAD).
 ]]
 -- @include "common"
+-- @include "due_index"
 -- @include "dlq"
 -- @include "misfire"
 
-local prefix, limit, bucket_ms = ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4])
-if not lease_ok(KEYS[4], ARGV[5], ARGV[6]) then return {-1, 0, 0, -1, 0} end
-local now = now_ms(ARGV[2])
-local ttl, gkp, dlq = tonumber(ARGV[7]), ARGV[8], ARGV[9] or ''
-local SEP = '\6\22'
+if not lease_ok(KEYS[4], ARGV[5], ARGV[6]) then return {NOT_OWNER, 0, 0, -1, 0} end
+local now = now_ms(ARGV[1])
+local prefix, limit, bucket_ms = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local ttl, gkp, dead_queue = tonumber(ARGV[7]), ARGV[8], ARGV[9]
+local SEP = '\6\22'  -- kombu.transport.redis.Channel.sep
 
+-- Named direct exchange: push to every queue bound with this routing key.
 local function push_bound(bx, rk, ps, msg)
   local pushed = 0
   for _, m in ipairs(redis.call('SMEMBERS', bx)) do
@@ -61,13 +63,13 @@ local function push_bound(bx, rk, ps, msg)
     end
   end
   if pushed > 0 then return true end
-  if dlq == '' then return false end
-  redis.call('LPUSH', gkp .. dlq .. ps, msg)
+  if dead_queue == '' then return false end
+  redis.call('LPUSH', gkp .. dead_queue .. ps, msg)
   return true
 end
 
 local ids = take_due(KEYS[1], KEYS[2], bucket_ms, now, limit)
-local out = {1, 0, 0, -1, now}
+local out = {OK, 0, 0, -1, now}
 local released, skipped, dead = 0, 0, 0
 local batches, lists = {}, {}
 -- Push what is batched (before any other push, so queue order stays due order).
@@ -83,43 +85,41 @@ for _, id in ipairs(ids) do
   -- The fields every release needs first; the rarer ones (named exchange, the
   -- publish-path fallback, due for a misfire check) only when they matter:
   -- fewer fields read per job is a measurably faster release.
-  local h = redis.call('HMGET', jk, 'st', 'msg', 'lk', 'ev', 'exp', 'ml', 'mf')
-  local r = {h[1], h[2], h[3], false, false, false, h[4], false, false, h[5], h[6], h[7]}
-  if h[1] == 'SCHEDULED' and h[2] then
-    if h[6] then r[9] = redis.call('HGET', jk, 'due') end
-    if not h[3] then
-      local x = redis.call('HMGET', jk, 'bx', 'rk', 'ps', 'q')
-      r[4], r[5], r[6], r[8] = x[1], x[2], x[3], x[4]
-    end
+  local st, msg, lk, ev, exp, ml, mf = unpack(redis.call('HMGET', jk, 'st', 'msg', 'lk', 'ev', 'exp', 'ml', 'mf'))
+  local sendable = st == 'SCHEDULED' and msg
+  local bx, rk, ps, q, due = false, false, false, false, false
+  if sendable then
+    if ml then due = redis.call('HGET', jk, 'due') end
+    if not lk then bx, rk, ps, q = unpack(redis.call('HMGET', jk, 'bx', 'rk', 'ps', 'q')) end
   end
   local unsent, why = nil, nil
-  if r[1] == 'SCHEDULED' and r[2] then unsent, why = unsendable(now, r[9], r[10], r[11], r[12]) end
-  -- A record stored without lk/bx (scheduled by an app on the publish path)
-  -- goes to its queue's list: a script error here would lose the whole batch.
+  if sendable then unsent, why = unsendable(now, due, exp, ml, mf) end
   if unsent then
     mark_unsent(jk, KEYS[5], id, unsent, why, now, ttl)
     skipped = skipped + 1
     if unsent == 'DEAD' then dead = dead + 1 end
-  elseif r[1] == 'SCHEDULED' and r[2] and (r[3] or r[4] or r[8]) then
-    if r[3] then
-      local q = batches[r[3]]  -- pushed at the end, one LPUSH per list: same order, fewer calls
-      if not q then q = {}; batches[r[3]] = q; lists[#lists + 1] = r[3] end
-      q[#q + 1] = r[2]
-    elseif r[4] then
+  -- A record stored without lk/bx (scheduled by an app on the publish path)
+  -- goes to its queue's list: a script error here would lose the whole batch.
+  elseif sendable and (lk or bx or q) then
+    if lk then
+      local batch = batches[lk]  -- pushed at the end, one LPUSH per list: same order, fewer calls
+      if not batch then batch = {}; batches[lk] = batch; lists[#lists + 1] = lk end
+      batch[#batch + 1] = msg
+    elseif bx then
       flush()
-      if not push_bound(r[4], r[5] or '', r[6] or '', r[2]) then
+      if not push_bound(bx, rk or '', ps or '', msg) then
         redis.call('HSET', jk, 'reason', 'UNROUTABLE')
       end
     else
       flush()
-      redis.call('LPUSH', gkp .. r[8], r[2])
+      redis.call('LPUSH', gkp .. q, msg)
     end
     redis.call('HSET', jk, 'st', 'QUEUED', 'released', now)
     redis.call('HDEL', jk, 'msg')
     redis.call('PEXPIRE', jk, ttl)
     released = released + 1
     out[#out + 1] = id
-    out[#out + 1] = r[7] or ''
+    out[#out + 1] = ev or ''
   else
     skipped = skipped + 1
   end

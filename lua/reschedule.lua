@@ -4,25 +4,29 @@ KEYS[1]  due set base      {p}:{s}:due
 KEYS[2]  bucket index      {p}:{s}:buckets
 KEYS[3]  next due key      {p}:{s}:next
 KEYS[4]  job record        {p}:{s}:job:<id>
-ARGV[1]  job id
-ARGV[2]  new due time: '<ms>' epoch ms, or '+<ms>' a delay from now
-ARGV[3]  bucket width, ms (0 = one due set)
-ARGV[4]  wake channel      {p}:wake
-ARGV[5]  shard number
-ARGV[6]  now, epoch ms ('' = the Redis server's TIME)
+ARGV[1]  now, epoch ms ('' = the Redis server's TIME)
+ARGV[2]  job id
+ARGV[3]  new due time: '<ms>' epoch ms, or '+<ms>' a delay from now
+ARGV[4]  bucket width, ms (0 = one due set)
+ARGV[5]  wake channel      {p}:wake
+ARGV[6]  shard number
 
-Returns {code, state, due}: 1 moved (due = the new due time, ms); 0 no such job; -1 not SCHEDULED any more
-(state says what it is), nothing changed.
+Returns {code, state, due}:
+  OK           moved; due = the new due time, epoch ms
+  NOT_FOUND    no such job
+  WRONG_STATE  not SCHEDULED any more (state says what it is); nothing changed
 ]]
 -- @include "common"
+-- @include "due_index"
 
-local st, due = unpack(redis.call('HMGET', KEYS[4], 'st', 'due'))
-if not st then return {0, ''} end
-if st ~= 'SCHEDULED' then return {-1, st} end
-local spec, bucket_ms = ARGV[2], tonumber(ARGV[3])
-local new_due = due_from(spec, now_ms(ARGV[6]))
-due_rem(KEYS[1], KEYS[2], ARGV[1], tonumber(due), bucket_ms)
-due_add(KEYS[1], KEYS[2], ARGV[1], new_due, bucket_ms)
-redis.call('HSET', KEYS[4], 'due', new_due)
-maybe_wake(KEYS[3], ARGV[4], ARGV[5], new_due)
-return {1, st, new_due}
+local jk, id = KEYS[4], ARGV[2]
+local st, due = unpack(redis.call('HMGET', jk, 'st', 'due'))
+if not st then return {NOT_FOUND, '', 0} end
+if st ~= 'SCHEDULED' then return {WRONG_STATE, st, 0} end
+local bucket_ms = tonumber(ARGV[4])
+local new_due = due_from(ARGV[3], now_ms(ARGV[1]))
+due_rem(KEYS[1], KEYS[2], id, tonumber(due), bucket_ms)
+due_add(KEYS[1], KEYS[2], id, new_due, bucket_ms)
+redis.call('HSET', jk, 'due', new_due)
+maybe_wake(KEYS[3], ARGV[5], ARGV[6], new_due)
+return {OK, st, new_due}

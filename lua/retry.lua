@@ -11,12 +11,12 @@ KEYS[2]  bucket index      {p}:{s}:buckets
 KEYS[3]  next due key      {p}:{s}:next
 KEYS[4]  in-flight set     {p}:{s}:inflight
 KEYS[5]  job record        {p}:{s}:job:<id>
-ARGV[1]  job id
-ARGV[2]  due: '<ms>' epoch ms, or '+<ms>' a delay added to now
-ARGV[3]  bucket width, ms (0 = one due set)
-ARGV[4]  wake channel      {p}:wake
-ARGV[5]  shard number
-ARGV[6]  now, epoch ms ('' = the Redis server's TIME)
+ARGV[1]  now, epoch ms ('' = the Redis server's TIME)
+ARGV[2]  job id
+ARGV[3]  due: '<ms>' epoch ms, or '+<ms>' a delay added to now
+ARGV[4]  bucket width, ms (0 = one due set)
+ARGV[5]  wake channel      {p}:wake
+ARGV[6]  shard number
 ARGV[7]  retries: the new message's `retries` header (1 for the first retry)
 ARGV[8]  start of the attempt that failed, epoch ms ('' = now)
 ARGV[9]  execution owner token (worker side lease, `lo`; '' = no check)
@@ -25,22 +25,24 @@ ARGV[11 .. 10+F]     field names (task, q, ex, rk, msg, lk, bx, ps, ev, etype, .
 ARGV[11+F .. 10+2F]  their values ('' removes the field)
 
 Returns {code, previous state, due ms}:
-   1  scheduled (previous state QUEUED, CLAIMED, RUNNING, or '' for a new record)
-   2  it is SCHEDULED already (a duplicate delivery retried first): nothing changed
-  -1  it is CANCELLED or finished (state says which): nothing changed
-  -3  it is RUNNING under another execution's lease: nothing changed
+  OK           scheduled (previous state QUEUED, CLAIMED, RUNNING, or '' for a
+               new record)
+  UNCHANGED    it is SCHEDULED already (a duplicate delivery retried first)
+  WRONG_STATE  it is CANCELLED or finished (state says which): nothing changed
+  NOT_OWNER    it is RUNNING under another execution's lease: nothing changed
 ]]
 -- @include "common"
--- @include "dlq"
+-- @include "due_index"
+-- @include "attempts"
 
-local jk, id = KEYS[5], ARGV[1]
+local jk, id = KEYS[5], ARGV[2]
 local st, old_due = unpack(redis.call('HMGET', jk, 'st', 'due'))
-if st == 'SCHEDULED' then return {2, st, tonumber(old_due)} end
-if st and not FAILABLE[st] then return {-1, st, 0} end
-if not owns(jk, st, ARGV[9]) then return {-3, st, 0} end
-local now = now_ms(ARGV[6])
-local spec, bucket_ms = ARGV[2], tonumber(ARGV[3])
-local due = due_from(spec, now)
+if st == 'SCHEDULED' then return {UNCHANGED, st, tonumber(old_due)} end
+if st and not FAILABLE[st] then return {WRONG_STATE, st, 0} end
+if not owns(jk, st, ARGV[9]) then return {NOT_OWNER, st, 0} end
+local now = now_ms(ARGV[1])
+local bucket_ms = tonumber(ARGV[4])
+local due = due_from(ARGV[3], now)
 local started = attempt_started(jk, st, ARGV[8], now)
 
 if not st then redis.call('HSET', jk, 'created', now) end
@@ -52,5 +54,5 @@ redis.call('HDEL', jk, 'released')
 redis.call('PERSIST', jk)  -- a released record was set to expire
 redis.call('ZREM', KEYS[4], id)  -- a CLAIMED job: its late ack must not touch it
 due_add(KEYS[1], KEYS[2], id, due, bucket_ms)
-maybe_wake(KEYS[3], ARGV[4], ARGV[5], due)
-return {1, st or '', due}
+maybe_wake(KEYS[3], ARGV[5], ARGV[6], due)
+return {OK, st or '', due}

@@ -3,11 +3,11 @@
 KEYS[1]  due set base      {p}:{s}:due
 KEYS[2]  bucket index      {p}:{s}:buckets
 KEYS[3]  next due key      {p}:{s}:next
-ARGV[1]  job key prefix    {p}:{s}:job:
-ARGV[2]  bucket width, ms (0 = one due set)
-ARGV[3]  wake channel      {p}:wake
-ARGV[4]  shard number
-ARGV[5]  now, epoch ms ('' = the Redis server's TIME)
+ARGV[1]  now, epoch ms ('' = the Redis server's TIME)
+ARGV[2]  job key prefix    {p}:{s}:job:
+ARGV[3]  bucket width, ms (0 = one due set)
+ARGV[4]  wake channel      {p}:wake
+ARGV[5]  shard number
 ARGV[6]  C, the number of record fields shared by every job of this call
 ARGV[7 .. 6+2C]  C pairs: field name, value
 ARGV[7+2C]  F, the number of record fields each job carries itself
@@ -22,12 +22,13 @@ Returns one entry per job, in order: '=<due ms>' when stored; '<state>|<due>'
 of the record already held under that id (nothing is written for that job).
 ]]
 -- @include "common"
+-- @include "due_index"
 
 local call = redis.call
 local NONE = {false}
-local prefix, bucket_ms = ARGV[1], tonumber(ARGV[2])
-local channel, shard = ARGV[3], ARGV[4]
-local now = now_ms(ARGV[5])
+local now = now_ms(ARGV[1])
+local prefix, bucket_ms = ARGV[2], tonumber(ARGV[3])
+local channel, shard = ARGV[4], ARGV[5]
 local rec = {'st', 'SCHEDULED', 'due', 0, 'created', now}
 local at = 7 + 2 * tonumber(ARGV[6])
 for j = 7, at - 1 do rec[#rec + 1] = ARGV[j] end
@@ -38,8 +39,8 @@ for f = 1, nf do names[f] = ARGV[at + f] end
 local out, n, i, earliest_new, zs = {}, #ARGV, at + nf + 1, nil, {}
 while i <= n do
   local id, spec = ARGV[i], ARGV[i + 1]
-  local due
-  if string.byte(spec, 1) == 43 then due = now + tonumber(string.sub(spec, 2)) else due = tonumber(spec) end  -- 43: '+'
+  local due  -- due_from, inlined: this loop runs once per job of a large batch
+  if string.byte(spec, 1) == 43 then due = now + tonumber(string.sub(spec, 2)) else due = tonumber(spec) end
   local jk = prefix .. id
   local held = NONE  -- EXISTS first: an integer reply is cheaper than HMGET's table of nils
   if call('EXISTS', jk) == 1 then held = call('HMGET', jk, 'st', 'due') end

@@ -1,10 +1,12 @@
-"""Shared fixtures: a private redis-server, per-test apps, real worker subprocesses."""
+"""Shared fixtures: a private redis-server, per-test apps, real worker subprocesses.
+
+Tests import their helpers from the ``support`` package (this folder is put
+on ``sys.path``); worker subprocesses load the apps in ``support/worker_apps``.
+"""
 
 from __future__ import annotations
 
-import os
 import shutil
-import socket
 import sys
 import uuid
 from collections.abc import Iterator
@@ -14,31 +16,13 @@ import pytest
 import redis
 from celery import Celery
 
-sys.path.insert(0, str(Path(__file__).parent))
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(1, str(HERE / "support" / "worker_apps"))
 
-from helpers import SchedulerProcess, WorkerProcess
-from redis_server import RedisServer
+from support import RedisServer, SchedulerProcess, WorkerProcess, make_app, need, port_open  # noqa: E402
 
 pytest_plugins = ("celery.contrib.pytest",)
-
-IN_CI = bool(os.environ.get("CI"))
-
-
-def need(what: str, available: bool) -> None:
-    """Skip when a server the test needs is missing; fail instead when CI is set."""
-    if available:
-        return
-    if IN_CI:
-        pytest.fail(f"{what} is required in CI but is not available")
-    pytest.skip(f"{what} is not available")
-
-
-def port_open(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=0.5):
-            return True
-    except OSError:
-        return False
 
 
 @pytest.fixture(scope="session")
@@ -65,17 +49,6 @@ def rclient(redis_url: str) -> Iterator[redis.Redis]:
 def uid() -> str:
     """A short unique id to name this test's keys and queues."""
     return uuid.uuid4().hex[:10]
-
-
-def make_app(broker: str, uid: str, **conf: object) -> Celery:
-    app = Celery(f"t{uid}", broker=broker, set_as_current=False)
-    app.conf.update(
-        delayed_key_prefix=f"t{uid}",
-        task_default_queue=f"q{uid}",
-        broker_connection_retry_on_startup=True,
-        **conf,
-    )
-    return app
 
 
 @pytest.fixture

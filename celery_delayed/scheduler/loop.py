@@ -18,30 +18,27 @@ import socket
 import threading
 import time
 import uuid
-from typing import Any
 
 from celery import Celery
 from kombu.exceptions import OperationalError
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..config import get_config
 from ..errors import LeaseLost, StoreUnavailable
 from ..store import Store
 from .mover import Mover, make_mover
-from .wakeup import MEMBERS, WakeListener, redis_client
+from .wakeup import WakeListener
 
 logger = logging.getLogger("celery_delayed.scheduler")
 
 # Errors that mean "Redis or the broker is unreachable right now": logged
 # briefly and retried with back-off. Anything else is logged with a traceback
 # and retried the same way: the scheduler process never dies of an error.
-_TRANSIENT = (StoreUnavailable, RedisConnectionError, RedisTimeoutError, OperationalError, OSError)
+_TRANSIENT = (StoreUnavailable, OperationalError, OSError)
 _MAX_BACKOFF_S = 5.0
 _INF = float("inf")
 
 
-def owner_token() -> str:
+def scheduler_token() -> str:
     """A unique scheduler id: host, pid and a random part (no '|', which leases use)."""
     host = socket.gethostname().replace("|", "_")
     return f"{host}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -67,11 +64,10 @@ class Scheduler:
     ) -> None:
         self.app = app
         if store is None:
-            config = get_config(app)
-            store = Store(app, config, client=redis_client(config.redis_url, health_check_interval=30))
+            store = Store(app, get_config(app), fail_fast=True)
         self.store = store
         self.config = store.config
-        self.owner = owner or owner_token()
+        self.owner = owner or scheduler_token()
         # Four heartbeats per lease: a member survives a few slow ones.
         self.heartbeat_s = self.config.lease_ms / 4000.0
         self.max_sleep_s = max_sleep_s if max_sleep_s is not None else self.heartbeat_s
@@ -92,9 +88,7 @@ class Scheduler:
         # Wake-ups that arrive while a shard is being moved: the move's result
         # may predate them, so they are applied after it (see _apply).
         self._woken: dict[int, float] = {}
-        self._listener = WakeListener(
-            self.config.redis_url, store.keys.wake, self._on_due, self._on_members, self._wake_all
-        )
+        self._listener = WakeListener(store, self._on_due, self._on_members, self._wake_all)
 
     # -- clock -----------------------------------------------------------------
 
@@ -158,10 +152,7 @@ class Scheduler:
         A dead member's shards are taken over when its lease expires; waiting
         for our next regular heartbeat would add up to a quarter lease.
         """
-        rows: list[tuple[str, float]] = self.store.client.zrange(  # type: ignore[assignment]
-            self.store.keys.schedulers, 0, -1, withscores=True
-        )
-        others = [score for member, score in rows if member != self.owner]
+        others = [deadline for member, deadline in self.store.member_deadlines() if member != self.owner]
         if others:
             left_s = max(0.0, (min(others) - self._redis_now()) / 1000.0) + 0.02
             self._next_heartbeat = min(self._next_heartbeat, time.monotonic() + left_s)
@@ -169,7 +160,7 @@ class Scheduler:
     def _announce(self) -> None:
         """Tell the other schedulers that the membership changed (best effort)."""
         try:
-            self.store.client.publish(self.store.keys.wake, MEMBERS + self.owner)
+            self.store.announce_members(self.owner)
         except Exception:
             logger.debug("announcing the membership change failed", exc_info=True)
 
@@ -319,10 +310,7 @@ class Scheduler:
             logger.debug("leaving the scheduler set failed", exc_info=True)
         self.mover.close()
         self._listener.stop()
-        try:
-            self.store.client.close()
-        except Exception:
-            logger.debug("closing the store client failed", exc_info=True)
+        self.store.close()
         logger.info("celery-delayed scheduler %s stopped (%d released)", self.owner, self.released)
 
     def stop(self) -> None:
@@ -343,9 +331,3 @@ class Scheduler:
     def listening(self) -> bool:
         """True while the wake-up listener is subscribed."""
         return self._listener.subscribed.is_set()
-
-    def status(self) -> dict[str, Any]:
-        """A snapshot of this scheduler: owner, shards held, members, released count."""
-        with self._lock:
-            return {"owner": self.owner, "shards": sorted(self.shards), "members": list(self.members),
-                    "released": self.released, "batches": self.batches}

@@ -1,5 +1,5 @@
 -- Release-time checks of a due job: Celery's `expires` and the misfire policy.
--- Record fields (see store.py): exp = expires, epoch ms; ml = max lateness, ms;
+-- Record fields (see celery_delayed/store/records.py): exp = expires, epoch ms; ml = max lateness, ms;
 -- mf = misfire policy when late ('skip' or 'dead'; absent = run anyway).
 
 -- The state a due job gets instead of being sent, and why; nil = send it.

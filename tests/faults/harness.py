@@ -33,29 +33,26 @@ from typing import Any
 
 import redis
 from celery import Celery
-from conftest import make_app
-from helpers import _env, _Proc, wait_for
-from redis_server import RedisServer
+from support import Proc, RedisServer, app_env, make_app, wait_for
 
 from celery_delayed import apply_later_many
-from celery_delayed.store import Store
+from celery_delayed.store import ShardStatus, Store
 
 HERE = Path(__file__).parent
-TESTS = HERE.parent
 TASK = "fault.run"
 _RECEIVED = re.compile(r"Task fault\.run\[([^\]]+)\] received")
 
 
 def _fault_env(broker: str, prefix: str, queue: str, conf: dict[str, Any], runlog: Path,
                store: str | None = None, extra_env: dict[str, str] | None = None) -> dict[str, str]:
-    env = _env(broker, prefix, queue, store, conf)
+    env = app_env(broker, prefix, queue, store, conf)
     env["PYTHONPATH"] = os.pathsep.join([str(HERE), env["PYTHONPATH"]])
     env["FAULT_RUNLOG"] = str(runlog)
     env.update(extra_env or {})
     return env
 
 
-class FaultProc(_Proc):
+class FaultProc(Proc):
     """A ``celery -A fault_app ...`` subprocess in its own process group."""
 
     def __init__(self, kind: str, args: list[str], env: dict[str, str], launcher: list[str] | None = None) -> None:
@@ -326,7 +323,7 @@ class FaultRun:
 
     def pending(self) -> int:
         """Jobs still scheduled or in flight."""
-        rows = self.store().shard_status()
+        rows = ShardStatus(self.store()).rows()
         return sum(r["pending"] + r["inflight"] for r in rows)
 
     # -- faults ----------------------------------------------------------------------

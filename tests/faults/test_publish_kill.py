@@ -7,8 +7,8 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import need, port_open
 from harness import FaultRun
+from support import need, port_open
 
 pytestmark = pytest.mark.e2e
 

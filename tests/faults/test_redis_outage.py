@@ -17,9 +17,8 @@ import time
 import uuid
 
 import pytest
-from conftest import make_app
 from harness import FaultRun
-from helpers import wait_for
+from support import make_app, wait_for
 
 from celery_delayed import StoreUnavailable, apply_later, apply_later_many, cancel
 

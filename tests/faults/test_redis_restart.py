@@ -9,8 +9,8 @@ import threading
 import time
 
 import pytest
-from conftest import make_app
 from harness import FaultRun
+from support import make_app
 
 from celery_delayed import StoreUnavailable, apply_later
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 from harness import FaultRun
-from helpers import wait_for
+from support import wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -1,0 +1,22 @@
+"""``celery -A proj delayed ...``: the ``celery.commands`` entry point of celery-delayed.
+
+Sub-commands: ``run`` and ``status`` (:mod:`.scheduler`); ``list``, ``show``
+and ``cancel`` (:mod:`.jobs`); ``dlq list | show | requeue | purge``
+(:mod:`.dlq`). Every command prints one clear line and exits 1 on a
+celery-delayed error (bad settings, store unreachable or full, no such job).
+
+The ``celery`` command imports this module to load the ``delayed`` group; that
+is also where celery-delayed plugs into the ``celery`` command
+(:func:`celery_delayed.plugin.register_with_celery`: ``worker --delayed``,
+and every app it loads is installed).
+"""
+
+from __future__ import annotations
+
+from ..plugin import register_with_celery
+from . import dlq, jobs, scheduler
+from ._common import delayed
+
+__all__ = ["delayed", "dlq", "jobs", "scheduler"]
+
+register_with_celery()

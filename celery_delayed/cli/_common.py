@@ -1,0 +1,54 @@
+"""What every ``delayed`` sub-command shares: the group, the app, errors, times, paging."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import click
+from celery import Celery
+
+from ..errors import DelayedError
+from ..timeutil import from_ms
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@click.group(name="delayed")
+@click.pass_context
+def delayed(ctx: click.Context) -> None:
+    """celery-delayed: run the scheduler, inspect and cancel delayed jobs."""
+
+
+def app_of(ctx: click.Context) -> Celery:
+    """The app ``celery -A`` loaded."""
+    app: Celery = ctx.obj.app
+    return app
+
+
+@contextmanager
+def errors() -> Iterator[None]:
+    """Turn celery-delayed errors (bad settings, store down or full, no such job) into one line and exit 1."""
+    try:
+        yield
+    except DelayedError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+def fmt_ms(ms: Any) -> str:
+    """An epoch-ms time as an ISO date (UTC), or '-'."""
+    if ms in (None, "", -1):
+        return "-"
+    return from_ms(int(float(ms))).isoformat(timespec="milliseconds")
+
+
+def paged(f: F) -> F:
+    """The paging options every listing command takes: --offset, --limit, --json."""
+    for option in reversed((
+        click.option("--offset", default=0, show_default=True, type=click.IntRange(0)),
+        click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 10_000)),
+        click.option("--json", "as_json", is_flag=True, help="Print JSON lines."),
+    )):
+        f = option(f)
+    return f

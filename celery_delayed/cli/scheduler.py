@@ -1,0 +1,69 @@
+"""``celery -A proj delayed run`` and ``delayed status``."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+from types import FrameType
+
+import click
+
+from ..store import ShardStatus, get_store
+from ._common import app_of, delayed, errors, fmt_ms
+
+
+@delayed.command()
+@click.option("--loglevel", "-l", default="INFO", show_default=True, help="Logging level.",
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], case_sensitive=False))
+@click.pass_context
+def run(ctx: click.Context, loglevel: str) -> None:
+    """Run the scheduler until SIGTERM or SIGINT."""
+    from ..scheduler import Scheduler
+
+    logging.basicConfig(
+        level=loglevel.upper(), format="[%(asctime)s: %(levelname)s/%(processName)s] %(message)s"
+    )
+    app = app_of(ctx)
+    app.loader.import_default_modules()
+    with errors():  # a wrong delayed_* setting: say which, without a traceback
+        sched = Scheduler(app)
+
+    def _stop(signum: int, frame: FrameType | None) -> None:
+        sched.stop()
+
+    # The loop runs in a thread and the main thread only waits for it: a
+    # signal handler that runs in the thread inside Event.wait() could
+    # deadlock on the event's own lock.
+    thread = threading.Thread(target=sched.run, name="celery-delayed")
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    thread.start()
+    while thread.is_alive():
+        thread.join(1.0)
+
+
+@delayed.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def status(ctx: click.Context, as_json: bool) -> None:
+    """Per shard: pending jobs, next due time, oldest overdue; and totals."""
+    with errors():
+        store = get_store(app_of(ctx))
+        rows = ShardStatus(store).rows()
+        # Live members only: a dead scheduler's entry stays until a heartbeat drops it.
+        members = store.live_members()
+    if as_json:
+        click.echo(json.dumps({"shards": rows, "schedulers": members}))
+        return
+    click.echo(f"{'shard':>5} {'pending':>9} {'overdue':>8} {'inflight':>8}  next due / oldest overdue")
+    for r in rows:
+        late = f"  (oldest overdue {r['oldest_overdue_ms'] / 1000:.3f}s)" if r["oldest_overdue_ms"] else ""
+        click.echo(f"{r['shard']:>5} {r['pending']:>9} {r['overdue']:>8} {r['inflight']:>8}  "
+                   f"{fmt_ms(r['next_due_ms'])}{late}")
+    total = sum(r["pending"] for r in rows)
+    overdue = sum(r["overdue"] for r in rows)
+    firsts = [r["next_due_ms"] for r in rows if r["next_due_ms"] is not None]
+    click.echo(f"total: {total} pending, {overdue} overdue, next due {fmt_ms(min(firsts) if firsts else None)}, "
+               f"{len(members)} scheduler(s) {' '.join(members)}")

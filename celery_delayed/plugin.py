@@ -1,0 +1,51 @@
+"""How celery-delayed plugs into Celery: per app, and into the ``celery`` command.
+
+Importing ``celery_delayed`` changes nothing. Two explicit seams:
+
+- :func:`install` wires one app: the ``send_task`` wrapper that routes
+  delayed sends through the store while ``delayed_intercept_eta`` is on
+  (:mod:`celery_delayed.worker.intercept`), and the embedded scheduler's
+  worker bootstep (enabled by ``celery worker --delayed``). A producer
+  process that wants interception calls it once after creating the app.
+- :func:`register_with_celery` runs when the ``celery`` command loads the
+  ``delayed`` sub-command (the ``celery.commands`` entry point,
+  ``celery_delayed.cli``): it adds ``--delayed`` to ``celery worker`` and
+  installs every app that ``celery`` loads, so workers and schedulers need no
+  code change.
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+from celery._state import connect_on_app_finalize
+
+from .worker import bootstep, intercept
+
+_ATTR = "_celery_delayed_installed"
+_registered = False
+
+
+def install(app: Celery) -> Celery:
+    """Wire celery-delayed into ``app`` (idempotent); return the app.
+
+    Example::
+
+        app = Celery("proj", broker="redis://...")
+        app.conf.delayed_intercept_eta = True
+        celery_delayed.install(app)
+    """
+    if not app.__dict__.get(_ATTR):
+        intercept.install(app)
+        bootstep.add_step(app)
+        app.__dict__[_ATTR] = True
+    return app
+
+
+def register_with_celery() -> None:
+    """Add ``--delayed`` to ``celery worker`` and install every app the ``celery`` command finalizes (once)."""
+    global _registered
+    if _registered:
+        return
+    _registered = True
+    bootstep.add_worker_option()
+    connect_on_app_finalize(install)

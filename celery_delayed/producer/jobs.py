@@ -1,0 +1,262 @@
+"""Turn ``apply_later`` calls into jobs: validate, choose the id and shard, build the record.
+
+Nothing here writes to Redis; :func:`celery_delayed.api.apply_later` stores
+what :func:`prepare` returns. A call is validated whole before anything is
+stored (bad input raises a typed error and leaves nothing behind).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from celery import Celery
+
+from ..errors import DuplicateJob, InvalidOption, UnknownTask
+from ..store import NewJob, Store, get_store, shard_for
+from ..timeutil import due_spec
+from ..vocab import SHARD_HEADER, Field
+from .message import build_message, check_options, parent_ids, route_fields
+from .misfire import release_fields
+from .template import Template, fast_uuid4, template_for
+
+#: Namespace of job ids derived from idempotency keys (uuid5).
+IDEMPOTENCY_NAMESPACE = uuid.UUID("5b0e7a4c-2f47-4f3e-9d0a-6c3e1f0d9a11")
+MAX_ID_BYTES = 512
+MAX_KEY_BYTES = 1024
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A validated job, ready to store."""
+
+    job: NewJob
+    idempotent: bool  # scheduled with an idempotency key: a taken id returns the existing job
+
+
+def job_id_for_key(idempotency_key: str) -> str:
+    """The job id an idempotency key maps to (stable, uuid5)."""
+    if not isinstance(idempotency_key, str):
+        raise InvalidOption(
+            f"idempotency_key must be a string, got {type(idempotency_key).__name__} {idempotency_key!r}"
+        )
+    return str(uuid.uuid5(IDEMPOTENCY_NAMESPACE, idempotency_key))
+
+
+def lookup_task(app: Celery, name: str, strict: bool) -> Any:
+    """The registered task ``name`` (None when unknown and not ``strict``).
+
+    Raises:
+        UnknownTask: a bad name, or an unregistered one with ``strict``.
+    """
+    if not isinstance(name, str) or not name:
+        raise UnknownTask(f"task name must be a non-empty string, got {name!r}")
+    task = app.tasks.get(name)
+    if task is None and strict:
+        raise UnknownTask(
+            f"no task named {name!r} is registered with app {app.main!r}; import the module "
+            "that defines it (or list it in imports/include), or pass strict=False to "
+            "schedule a task that only the workers define"
+        )
+    return task
+
+
+def check_str(name: str, value: object, limit: int) -> str:
+    """A non-empty string of at most ``limit`` UTF-8 bytes, else :class:`InvalidOption`."""
+    if not isinstance(value, str):
+        raise InvalidOption(f"{name} must be a string, got {type(value).__name__} {value!r}")
+    if not value or not value.strip():
+        raise InvalidOption(f"{name} must not be empty")
+    if len(value.encode("utf-8")) > limit:
+        raise InvalidOption(f"{name} is {len(value.encode('utf-8'))} bytes, over the limit of {limit}")
+    return value
+
+
+def _check_arguments(
+    name: str, task_type: Any, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None
+) -> None:
+    """Refuse arguments the task's signature rejects, as ``apply_async`` does (``Task.typing``)."""
+    header = getattr(task_type, "__header__", None) if getattr(task_type, "typing", False) else None
+    if header is None or not isinstance(args or (), (list, tuple)) or not isinstance(kwargs or {}, Mapping):
+        return  # no signature to check; build_message reports wrong container types
+    try:
+        header(*(args or ()), **(kwargs or {}))
+    except TypeError as exc:
+        raise InvalidOption(
+            f"the arguments do not match the signature of {name}: {exc}; fix the call "
+            "(or set typing=False on the task to skip this check)"
+        ) from exc
+
+
+def _job_id(task_id: str | None, idempotency_key: str | None) -> str:
+    if idempotency_key is not None:
+        if task_id is not None:
+            raise InvalidOption("pass either task_id or idempotency_key, not both")
+        return job_id_for_key(check_str("idempotency_key", idempotency_key, MAX_KEY_BYTES))
+    if task_id is not None:
+        return check_str("task_id", task_id, MAX_ID_BYTES)
+    return fast_uuid4()
+
+
+def _shard_key(shard_key: object) -> str | None:
+    if shard_key is None:
+        return None
+    if isinstance(shard_key, bool) or not isinstance(shard_key, (str, int)):
+        raise InvalidOption(f"shard_key must be a string or an int, got {type(shard_key).__name__}")
+    return check_str("shard_key", str(shard_key), MAX_KEY_BYTES)
+
+
+def prepare(
+    app: Celery,
+    name: str,
+    args: Sequence[Any] | None = None,
+    kwargs: Mapping[str, Any] | None = None,
+    when: object = 0,
+    *,
+    task_id: str | None = None,
+    shard_key: str | int | None = None,
+    idempotency_key: str | None = None,
+    task_type: Any = None,
+    options: Mapping[str, Any] | None = None,
+) -> Prepared:
+    """Validate a call and build its job; write nothing.
+
+    Raises:
+        InvalidWhen, InvalidOption, SerializationError, PayloadTooLarge: bad input.
+    """
+    store = get_store(app)
+    options = dict(options or {})
+    release = release_fields(options, task_type, store.config)  # pops max_lateness / misfire
+    check_options(options)
+    _check_arguments(name, task_type, args, kwargs)
+    due = due_spec(when, app.timezone)
+    job_id = _job_id(task_id, idempotency_key)
+    skey = _shard_key(shard_key)
+    shard = store.shard_of(job_id, skey)
+    headers = options.pop("headers", None) or {}
+    if not isinstance(headers, Mapping):
+        raise InvalidOption(f"headers must be a mapping, got {type(headers).__name__}")
+    per_job = {Field.SHARD_KEY: skey or "", Field.IDEMPOTENCY_KEY: idempotency_key or ""}
+    fast = _render_fast(app, store, name, args or (), kwargs or {}, job_id, shard, options, headers, task_type,
+                        release)
+    if fast is not None:
+        common, fields = fast
+        return Prepared(NewJob(job_id, shard, due, fields | per_job, common), idempotency_key is not None)
+    built = build_message(
+        app, name, args or (), kwargs or {}, job_id, options | {"headers": {**headers, SHARD_HEADER: shard}},
+        task_type, max_bytes=store.config.max_payload_bytes,
+    )
+    fields = {Field.TASK: name, **built.record_fields(store.broker), **per_job, **release}
+    return Prepared(NewJob(job_id, shard, due, fields), idempotency_key is not None)
+
+
+def _render_fast(
+    app: Celery, store: Store, name: str, args: Sequence[Any], kwargs: Mapping[str, Any], job_id: str,
+    shard: int, options: dict[str, Any], headers: Mapping[str, Any], task_type: Any, release: Mapping[str, str],
+) -> tuple[dict[str, str], dict[str, str]] | None:
+    """(shared, all) record fields of a job whose message a cached template renders, else None.
+
+    The shared fields are one object per template and release settings, so
+    that :meth:`Store.schedule` sends them once per call.
+    """
+    keyed = options
+    if "root_id" in options or "parent_id" in options:
+        keyed = {k: v for k, v in options.items() if k not in ("root_id", "parent_id")}
+    max_bytes = store.config.max_payload_bytes
+    tmpl = template_for(app, name, keyed, headers, task_type, max_bytes)
+    if tmpl is None:
+        return None
+    root_id, parent_id = parent_ids(app, options.get("root_id"), options.get("parent_id"))
+    text = tmpl.render(job_id, shard, args, kwargs, root_id, parent_id)
+    if text is None or len(text) > max_bytes:
+        return None  # the regular path builds it (and raises what it raises)
+    common = shared_fields(store, name, tmpl, release)
+    return common, common | {Field.MESSAGE: text}
+
+
+def shared_fields(store: Store, name: str, tmpl: Template, release: Mapping[str, str]) -> dict[str, str]:
+    """The record fields every job of a template (and release settings) has: one object, cached."""
+    rkey = tuple(release.items())
+    common = tmpl.records.get(rkey)
+    if common is None:
+        fields = route_fields(tmpl.route, store.broker)
+        del fields[Field.MESSAGE]  # each job's own
+        common = {Field.TASK: name, **fields, **release}
+        if len(tmpl.records) < 64:
+            tmpl.records[rkey] = common
+    return common
+
+
+_PLAIN_KEYS = frozenset({"args", "kwargs", "when"})
+
+
+class PlainCalls:
+    """``prepare`` for the calls of a batch that give only args, kwargs and when.
+
+    Such calls share everything but those (options, routing, release fields,
+    the parent task), so that is resolved once per batch, not once per call.
+    """
+
+    __slots__ = ("common", "n_shards", "parent_id", "root_id", "store", "tmpl", "tz")
+
+    def __init__(self, store: Store, tmpl: Template, common: dict[str, str], root_id: Any, parent_id: Any,
+                 tz: Any) -> None:
+        self.store, self.tmpl, self.common, self.tz = store, tmpl, common, tz
+        self.root_id, self.parent_id = root_id, parent_id
+        self.n_shards = store.config.shards
+
+    @staticmethod
+    def accepts(call: Mapping[str, Any]) -> bool:
+        """Whether a call gives only what this fast path handles."""
+        return call.keys() <= _PLAIN_KEYS
+
+    @classmethod
+    def create(cls, app: Celery, name: str, task: Any, defaults: Mapping[str, Any]) -> PlainCalls | None:
+        """The batch's shared part, or None when the calls need the regular path."""
+        store = get_store(app)
+        options = dict(defaults)
+        try:
+            release = release_fields(options, task, store.config)
+            check_options(options)
+        except InvalidOption:
+            return None  # let the regular path raise it for the first call
+        headers = options.pop("headers", None) or {}
+        if not isinstance(headers, Mapping):
+            return None
+        root_id, parent_id = options.pop("root_id", None), options.pop("parent_id", None)
+        tmpl = template_for(app, name, options, dict(headers), task, store.config.max_payload_bytes)
+        if tmpl is None:
+            return None
+        root_id, parent_id = parent_ids(app, root_id, parent_id)
+        return cls(store, tmpl, shared_fields(store, name, tmpl, release), root_id, parent_id, app.timezone)
+
+    def prepare(self, args: Any, kwargs: Any, when: object) -> Prepared | None:
+        """The job of one call, or None (then the regular path prepares it)."""
+        due = due_spec(when, self.tz)
+        job_id = fast_uuid4()
+        shard = shard_for(job_id, self.n_shards)
+        text = self.tmpl.render(job_id, shard, args or (), kwargs or {}, self.root_id, self.parent_id)
+        if text is None or len(text) > self.store.config.max_payload_bytes:
+            return None
+        fields = dict(self.common)
+        fields[Field.MESSAGE] = text
+        return Prepared(NewJob(job_id, shard, due, fields, self.common), False)
+
+
+def refuse_taken(store: Store, jobs: Sequence[NewJob]) -> None:
+    """Refuse a batch whose caller-chosen task ids are taken, before anything is written.
+
+    schedule.lua reports a taken id only after the batch's other jobs were
+    written; this check (one round trip) leaves that to an id taken between
+    the check and the write.
+    """
+    seen: set[str] = set()
+    for job in jobs:
+        if job.id in seen:
+            raise InvalidOption(f"task_id {job.id!r} is given twice in this batch; give each job its own id")
+        seen.add(job.id)
+    for job, state in zip(jobs, store.states(jobs), strict=True):
+        if state is not None:
+            raise DuplicateJob(job.id, state)

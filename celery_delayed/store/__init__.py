@@ -1,0 +1,49 @@
+"""The store: jobs in sharded Redis sorted sets, changed only by Lua scripts.
+
+:class:`Store` (``gateway.py``) is the only code that talks to Redis: one
+method per script in ``lua/``, reply codes mapped to errors in one place and
+Redis errors translated at its boundary (``client.py``). ``keys.py`` formats
+every key, ``loader.py`` loads the scripts, ``records.py`` documents the job
+record, ``broker_layout.py`` knows kombu's Redis layout, and ``views.py``
+lists many jobs (:class:`Pending`, :class:`DeadLetters`, :class:`ShardStatus`).
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from .broker_layout import BrokerLayout
+from .gateway import Store, WakeSubscription
+from .keys import Keys, ShardKeys, shard_for
+from .records import Batch, NewJob, Outcome, Scheduled, Started
+from .views import DeadLetter, DeadLetters, Pending, ShardStatus
+
+__all__ = [
+    "Batch",
+    "BrokerLayout",
+    "DeadLetter",
+    "DeadLetters",
+    "Keys",
+    "NewJob",
+    "Outcome",
+    "Pending",
+    "Scheduled",
+    "ShardKeys",
+    "ShardStatus",
+    "Started",
+    "Store",
+    "WakeSubscription",
+    "get_store",
+    "shard_for",
+]
+
+_STORE_ATTR = "_celery_delayed_store"
+
+
+def get_store(app: Celery) -> Store:
+    """Return the app's store, creating it on first use (cached on the app)."""
+    store: Store | None = getattr(app, _STORE_ATTR, None)
+    if store is None:
+        store = Store(app)
+        setattr(app, _STORE_ATTR, store)
+    return store

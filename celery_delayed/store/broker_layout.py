@@ -1,0 +1,137 @@
+"""Kombu's Redis transport layout, read once per app: where a released message goes.
+
+The direct release path (``release_due.lua``) pushes messages onto the
+broker's Redis lists itself, and the worker side refreshes kombu's unacked
+index, so both must agree with ``kombu.transport.redis`` on every name. This
+module is the one place that knows them (read from kombu, not guessed):
+
+- a queue is the list ``global_keyprefix + queue``; a message whose priority
+  falls in a higher step goes to ``... + sep + step`` (``Channel._q_for_pri``,
+  ``sep = '\\x06\\x16'``, ``priority_steps`` default ``[0, 3, 6, 9]``);
+- a named exchange's bindings are the set ``global_keyprefix +
+  '_kombu.binding.<exchange>'`` with members ``routing_key + sep + pattern +
+  sep + queue`` (``Channel.keyprefix_queue``);
+- a message no queue is bound for goes to the transport option
+  ``deadletter_queue`` (kombu's virtual channel), or is dropped;
+- kombu tracks delivered, unacknowledged messages in the sorted set
+  ``global_keyprefix + unacked_index_key`` (delivery tag -> time, seconds).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from kombu.transport.redis import Channel as RedisChannel
+from kombu.transport.virtual.base import Channel as VirtualChannel
+
+from ..config import DelayedConfig, broker_url
+from ..errors import InvalidOption
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where a message goes, resolved as Celery's ``send_task_message`` does."""
+
+    queue: str
+    exchange: str
+    routing_key: str
+    exchange_type: str
+    priority: int
+
+
+def same_redis(a: str, b: str) -> bool:
+    """Whether two Redis URLs name the same server and database."""
+    pa, pb = urlsplit(a), urlsplit(b)
+    if pa.scheme in ("unix", "socket") or pb.scheme in ("unix", "socket"):
+        return pa.path == pb.path
+    if pa.scheme not in ("redis", "rediss") or pb.scheme not in ("redis", "rediss"):
+        return False
+
+    def db(p: Any) -> str:
+        return (p.path or "/0").lstrip("/") or "0"
+
+    host = {"localhost": "127.0.0.1"}
+    return (
+        host.get(pa.hostname or "localhost", pa.hostname) == host.get(pb.hostname or "localhost", pb.hostname)
+        and (pa.port or 6379) == (pb.port or 6379)
+        and db(pa) == db(pb)
+    )
+
+
+@dataclass(frozen=True)
+class BrokerLayout:
+    """Where kombu's Redis transport keeps an app's queues (see the module docstring).
+
+    ``direct`` is True when released messages are pushed by the release
+    script (the broker is Redis on the store's server and database, or
+    ``delayed_release_mode = "direct"``); False on the publish path.
+    """
+
+    direct: bool
+    global_keyprefix: str = ""
+    priority_steps: tuple[int, ...] = tuple(RedisChannel.priority_steps)
+    deadletter_queue: str = ""
+    unacked_index_key: str = RedisChannel.unacked_index_key
+    sep: str = RedisChannel.sep
+
+    @classmethod
+    def from_app(cls, app: Any, config: DelayedConfig) -> BrokerLayout:
+        """Read the app's ``broker_transport_options`` and decide the release path."""
+        opts = app.conf.broker_transport_options or {}
+        if config.release_mode == "auto":
+            broker = broker_url(app.conf)
+            direct = bool(broker) and same_redis(broker, config.redis_url)
+        else:
+            direct = config.release_mode == "direct"
+        return cls(
+            direct=direct,
+            global_keyprefix=opts.get("global_keyprefix", "") or "",
+            priority_steps=tuple(opts.get("priority_steps", RedisChannel.priority_steps)),
+            # Where kombu puts a message no queue is bound for (None: it drops it).
+            deadletter_queue=opts.get("deadletter_queue", VirtualChannel.deadletter_queue) or "",
+            unacked_index_key=opts.get("unacked_index_key", RedisChannel.unacked_index_key),
+        )
+
+    @property
+    def unacked_index(self) -> str:
+        """The key of kombu's unacked index ('' on the publish path: not ours to touch)."""
+        return self.global_keyprefix + self.unacked_index_key if self.direct else ""
+
+    def priority_suffix(self, priority: int) -> str:
+        """The list-key suffix of a message priority (``Channel._q_for_pri``)."""
+        steps = self.priority_steps
+        step = steps[bisect(steps, priority) - 1]
+        return f"{self.sep}{step}" if step else ""
+
+    def list_key(self, queue: str, priority: int = 0) -> str:
+        """The Redis list a message for ``queue`` with ``priority`` is pushed onto."""
+        return f"{self.global_keyprefix}{queue}{self.priority_suffix(priority)}"
+
+    def bindings_key(self, exchange: str) -> str:
+        """The set of a named exchange's bindings."""
+        return f"{self.global_keyprefix}{RedisChannel.keyprefix_queue % exchange}"
+
+    def destination(self, route: Route) -> dict[str, str]:
+        """Record fields that tell ``release_due.lua`` where to push a message.
+
+        ``lk``: the list key for the anonymous exchange (kombu's ``_put``).
+        For a named direct exchange, ``bx`` (its binding set), ``rk`` and
+        ``ps`` (the priority suffix): the script pushes to each bound queue
+        whose routing key matches, as kombu's ``DirectExchange`` does.
+
+        Raises:
+            InvalidOption: a topic or fanout exchange, which the direct path
+                cannot route.
+        """
+        if not route.exchange:
+            return {"lk": self.list_key(route.routing_key or route.queue, route.priority)}
+        if route.exchange_type != "direct":
+            raise InvalidOption(
+                f"exchange {route.exchange!r} is a {route.exchange_type} exchange; the direct release path "
+                "handles direct exchanges only: set delayed_release_mode = 'publish' to publish through kombu"
+            )
+        return {"bx": self.bindings_key(route.exchange), "rk": route.routing_key,
+                "ps": self.priority_suffix(route.priority)}

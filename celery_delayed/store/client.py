@@ -1,0 +1,112 @@
+"""The store's Redis clients and the one place Redis errors become celery-delayed errors.
+
+Every public method of the store layer's classes is wrapped by
+:func:`translate_errors` (a class decorator), so a caller sees
+:class:`~celery_delayed.errors.StoreUnavailable` (Redis unreachable, loading
+or read-only after a failover) or :class:`~celery_delayed.errors.StoreFull`
+(``maxmemory`` reached) on reads and writes alike, never a raw redis-py error.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import BusyLoadingError, OutOfMemoryError, ReadOnlyError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.retry import Retry
+
+from ..errors import DelayedError, StoreFull, StoreUnavailable
+
+#: redis-py errors that mean "the store cannot be used right now".
+UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, BusyLoadingError, ReadOnlyError)
+
+
+def redact(url: str) -> str:
+    """``url`` with its password replaced by ``***``."""
+    parts = urlsplit(url)
+    if parts.password:
+        return url.replace(f":{parts.password}@", ":***@")
+    return url
+
+
+def translate(exc: Exception, url: str) -> DelayedError | None:
+    """The celery-delayed error for a redis-py error, or None when it is not one we translate."""
+    if isinstance(exc, OutOfMemoryError):
+        return StoreFull(
+            f"the celery-delayed store at {redact(url)} is full (Redis maxmemory reached): nothing was "
+            f"written ({exc}). Release or purge jobs (`delayed status`, `delayed dlq purge`), raise "
+            "maxmemory, or move the store to a larger Redis; keep maxmemory-policy noeviction"
+        )
+    if isinstance(exc, UNAVAILABLE):
+        # Refused or timed out while connecting: the command never left. Lost while
+        # reading the reply: it may have run (a frozen server wakes up and runs it).
+        sent = "connecting" not in str(exc).lower() and not isinstance(exc, (BusyLoadingError, ReadOnlyError))
+        outcome = (
+            "the command may have reached Redis, so it may or may not have been written; calling "
+            "again with the same task_id (DuplicateJob: it was) or idempotency_key is safe"
+            if sent else "nothing was written"
+        )
+        return StoreUnavailable(
+            f"cannot reach the celery-delayed store at {redact(url)}: {exc}; {outcome}. "
+            "Check that Redis is running and delayed_redis_url (or broker_url) points at it"
+        )
+    return None
+
+
+C = TypeVar("C", bound=type)
+
+
+def translate_errors(cls: C) -> C:
+    """Class decorator: every public method raises celery-delayed errors instead of redis-py's.
+
+    The instance must have a ``url`` attribute (the store's URL, for the
+    message). A method that already raises a celery-delayed error is left
+    alone, so store methods may call each other.
+    """
+    for name, fn in list(vars(cls).items()):
+        if name.startswith("_") or not inspect.isfunction(fn):
+            continue
+        setattr(cls, name, _wrap(fn))
+    return cls
+
+
+def _wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(self, *args, **kwargs)
+        except (RedisConnectionError, RedisTimeoutError, BusyLoadingError, ReadOnlyError, OutOfMemoryError) as exc:
+            err = translate(exc, self.url)
+            if err is None:  # pragma: no cover - every caught type translates
+                raise
+            raise err from exc
+
+    return wrapper
+
+
+def make_client(url: str, *, fail_fast: bool = False, health_check_interval: int = 30) -> redis.Redis:
+    """A redis-py client for the store at ``url`` (replies decoded as str).
+
+    ``fail_fast`` is for scheduler threads: redis-py's default retries a
+    failed command several times with growing back-off; a scheduler does its
+    own back-off and must stay responsive to SIGTERM while Redis is down, so
+    a command is retried once, quickly (to replace a connection that a Redis
+    restart broke).
+    """
+    if not fail_fast:
+        return redis.Redis.from_url(url, decode_responses=True, health_check_interval=health_check_interval)
+    return redis.Redis.from_url(
+        url,
+        decode_responses=True,
+        health_check_interval=health_check_interval,
+        socket_connect_timeout=2,
+        socket_timeout=10,
+        retry=Retry(ExponentialBackoff(cap=0.2, base=0.05), 1),
+    )

@@ -1,0 +1,540 @@
+"""The gateway: the only code that runs the Lua scripts, one method per script.
+
+Every change to the store is one script (``lua/<name>.lua``) called by one
+method of :class:`Store`, which formats its keys (:class:`~.keys.Keys`),
+passes ``now`` as ``ARGV[1]`` and maps the reply code
+(:class:`~celery_delayed.vocab.Reply`) to a result or an exception. Redis
+errors become :class:`~celery_delayed.errors.StoreUnavailable` /
+:class:`~celery_delayed.errors.StoreFull` in every public method
+(:func:`~.client.translate_errors`). Reads that list many jobs live in
+:mod:`.views`. The record schema is in :mod:`.records`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import redis
+from celery import Celery
+from redis.exceptions import NoScriptError
+
+from ..config import DelayedConfig, get_config
+from ..errors import ConfigurationError, InvalidOption, JobNotFound, LeaseLost, raise_for
+from ..vocab import Field, JobState, Reply
+from .broker_layout import BrokerLayout
+from .client import make_client, translate_errors
+from .keys import Keys, shard_for
+from .loader import Arg, Script, scripts
+from .records import NEW_JOB_FIELDS, Batch, NewJob, Outcome, Scheduled, Started
+
+#: Payload prefix of a membership notice on the wake channel.
+MEMBERS_NOTICE = "members|"
+
+
+def _now(now_ms: int | None) -> str:
+    """ARGV[1] of every script: an explicit time, or '' for the server's clock."""
+    return "" if now_ms is None else str(now_ms)
+
+
+def _flatten(fields: Mapping[str, str]) -> list[str]:
+    """Record fields as the scripts take them: count, names, values."""
+    names = list(fields)
+    return [str(len(names)), *names, *(str(fields[n]) for n in names)]
+
+
+@translate_errors
+class Store:
+    """The delayed-job store of one Celery app: the only gateway to its Redis.
+
+    Args:
+        app: the Celery app (its ``delayed_*`` settings and broker options apply).
+        config: its config (default: :func:`~celery_delayed.config.get_config`).
+        fail_fast: a client that retries a failed command once, quickly (for
+            scheduler threads, which back off themselves).
+        client: a redis-py client to use instead of making one.
+    """
+
+    def __init__(
+        self, app: Celery, config: DelayedConfig | None = None, *, fail_fast: bool = False,
+        client: redis.Redis | None = None,
+    ) -> None:
+        self.app = app
+        self.config = config or get_config(app)
+        self.url = self.config.redis_url
+        self.client: redis.Redis = client or make_client(self.url, fail_fast=fail_fast)
+        self.keys = Keys(self.config.key_prefix)
+        self.scripts = scripts()
+        self.broker = BrokerLayout.from_app(app, self.config)
+        self._layout_ok = False
+
+    @property
+    def direct(self) -> bool:
+        """True on the direct release path (the broker is Redis on the store's server)."""
+        return self.broker.direct
+
+    # -- plumbing ----------------------------------------------------------------
+
+    def _run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Any:
+        return script(self.client, keys, args)
+
+    def _run_many(self, script: Script, calls: Sequence[tuple[Sequence[str], Sequence[Arg]]]) -> list[Any]:
+        """Run one script several times in one round trip (a pipeline), loading it if needed."""
+        if len(calls) == 1:
+            return [self._run(script, *calls[0])]
+        results: list[Any] = [None] * len(calls)
+        todo = list(range(len(calls)))
+        for _attempt in range(2):
+            pipe = self.client.pipeline(transaction=False)
+            for i in todo:
+                script.queue(pipe, *calls[i])
+            replies = pipe.execute(raise_on_error=False)
+            retry = []
+            for i, reply in zip(todo, replies, strict=True):
+                if isinstance(reply, NoScriptError):
+                    retry.append(i)
+                elif isinstance(reply, Exception):
+                    raise reply
+                else:
+                    results[i] = reply
+            if not retry:
+                return results
+            script.ensure_loaded(self.client)
+            todo = retry
+        raise RuntimeError(f"script {script.name} could not be loaded")
+
+    def check_layout(self) -> None:
+        """Refuse a store created with other ``delayed_shards`` or ``delayed_bucket_ms``.
+
+        Both decide which keys hold a job: a producer and a scheduler that
+        disagree would leave jobs where no scheduler looks. The first user of a
+        prefix records them; later ones must match. Checked once per Store.
+
+        Raises:
+            ConfigurationError: the settings differ from the store's.
+            StoreUnavailable: Redis cannot be reached.
+        """
+        if self._layout_ok:
+            return
+        want = {"shards": str(self.config.shards), "bucket_ms": str(self.config.bucket_ms)}
+        pipe = self.client.pipeline(transaction=False)
+        for name, value in want.items():
+            pipe.hsetnx(self.keys.layout, name, value)
+        pipe.hmget(self.keys.layout, list(want))
+        got = pipe.execute()[-1]
+        for (name, value), held in zip(want.items(), got, strict=True):
+            if held != value:
+                raise ConfigurationError(
+                    f"delayed_{name} is {value}, but the store under prefix {self.config.key_prefix!r} "
+                    f"was created with {held}: every producer and scheduler of one store must use the "
+                    "same delayed_shards and delayed_bucket_ms (use another delayed_key_prefix to change them)"
+                )
+        self._layout_ok = True
+
+    def shard_of(self, job_id: str, shard_key: str | None = None) -> int:
+        """The shard a job lives in: ``crc32(shard_key or job_id) % delayed_shards``."""
+        return shard_for(shard_key or job_id, self.config.shards)
+
+    def close(self) -> None:
+        """Close the client's connections (the store can be used again: they reopen)."""
+        with contextlib.suppress(Exception):  # closing is best effort
+            self.client.close()
+
+    def now_ms(self) -> int:
+        """The Redis server's clock, epoch ms."""
+        sec, usec = self.client.time()
+        return int(sec) * 1000 + int(usec) // 1000
+
+    # -- scheduling and job operations ---------------------------------------------
+
+    def schedule(self, jobs: Sequence[NewJob], now_ms: int | None = None) -> list[Scheduled]:
+        """Store jobs (``schedule.lua``): one script call per shard, all shards in one round trip.
+
+        Returns one :class:`Scheduled` per job, in order. A job whose id is
+        taken keeps the record that was there (``created`` is False).
+        """
+        self.check_layout()
+        # One call per shard and set of shared fields; the shared fields go
+        # once per call, the others once per job.
+        groups: dict[tuple[int, int], list[int]] = defaultdict(list)
+        for i, job in enumerate(jobs):
+            groups[(job.shard, id(job.common))].append(i)
+        calls: list[tuple[list[str], list[Arg]]] = []
+        order: list[tuple[int, list[int]]] = []
+        for (shard, _), idx in groups.items():
+            sk = self.keys.shard(shard)
+            common = jobs[idx[0]].common or {}
+            shared = [x for f in NEW_JOB_FIELDS if common.get(f) for x in (f, common[f])]
+            present = set().union(*(jobs[i].fields.keys() for i in idx))
+            own = [f for f in NEW_JOB_FIELDS
+                   if f in present and f not in common and any(jobs[i].fields.get(f) for i in idx)]
+            args: list[Arg] = [_now(now_ms), sk.job_prefix, self.config.bucket_ms, self.keys.wake, shard,
+                               len(shared) // 2, *shared, len(own), *own]
+            if own == ["msg"]:
+                for i in idx:
+                    args += (jobs[i].id, jobs[i].due, jobs[i].fields["msg"])
+            else:
+                for i in idx:
+                    job = jobs[i]
+                    args += [job.id, job.due, *(job.fields.get(f, "") for f in own)]
+            calls.append(([sk.due, sk.buckets, sk.next], args))
+            order.append((shard, idx))
+        replies = self._run_many(self.scripts.schedule, calls)
+        out: list[Scheduled | None] = [None] * len(jobs)
+        for (shard, idx), reply in zip(order, replies, strict=True):
+            for i, entry in zip(idx, reply, strict=True):
+                if entry.startswith("="):
+                    out[i] = Scheduled(jobs[i].id, shard, int(entry[1:]), True, JobState.SCHEDULED)
+                else:
+                    state, _, due = entry.partition("|")
+                    out[i] = Scheduled(jobs[i].id, shard, int(float(due or 0)), False, state)
+        return [s for s in out if s is not None]
+
+    def states(self, jobs: Sequence[NewJob]) -> list[str | None]:
+        """The state of each job's record (None: there is none), in one round trip."""
+        pipe = self.client.pipeline(transaction=False)
+        for job in jobs:
+            pipe.hget(self.keys.shard(job.shard).job(job.id), Field.STATE)
+        return [None if st is None else str(st) for st in pipe.execute()]
+
+    def locate(self, job_id: str, shard: int | None = None) -> int:
+        """Return the shard holding ``job_id``; raise :class:`JobNotFound`.
+
+        Tries the given shard, then the id's own shard, then (a job scheduled
+        with a ``shard_key``) every shard in one round trip.
+
+        Raises:
+            InvalidOption: ``job_id`` is not a non-empty string.
+        """
+        if not isinstance(job_id, str) or not job_id:
+            raise InvalidOption(f"a job id must be a non-empty string, got {type(job_id).__name__} {job_id!r}")
+        tried = []
+        for s in (shard, self.shard_of(job_id)):
+            if s is not None and s not in tried:
+                tried.append(s)
+                if self.client.exists(self.keys.shard(s).job(job_id)):
+                    return s
+        pipe = self.client.pipeline(transaction=False)
+        for s in range(self.config.shards):
+            pipe.exists(self.keys.shard(s).job(job_id))
+        for s, hit in enumerate(pipe.execute()):
+            if hit:
+                return s
+        raise JobNotFound(job_id)
+
+    def get(self, job_id: str, shard: int | None = None) -> dict[str, str]:
+        """Return the job's record (without its message) or raise :class:`JobNotFound`."""
+        s = self.locate(job_id, shard)
+        rec = {str(k): str(v) for k, v in self.client.hgetall(self.keys.shard(s).job(job_id)).items()}
+        if not rec:
+            raise JobNotFound(job_id)
+        rec.pop(Field.MESSAGE, None)
+        rec["id"], rec["shard"] = job_id, str(s)
+        return rec
+
+    def cancel(
+        self, job_id: str, shard: int | None = None, now_ms: int | None = None, running: bool = False,
+    ) -> str:
+        """Cancel a job (``cancel.lua``); return the state it had (SCHEDULED, CLAIMED or QUEUED).
+
+        ``running=True`` cancels a RUNNING job too (returns "RUNNING"): for a
+        caller that also terminates the execution.
+
+        Raises:
+            JobNotFound: no such job.
+            InvalidState: it is running, finished or cancelled already.
+        """
+        s = self.locate(job_id, shard)
+        sk = self.keys.shard(s)
+        code, state = self._run(
+            self.scripts.cancel, [sk.due, sk.buckets, sk.inflight, sk.job(job_id)],
+            [_now(now_ms), job_id, self.config.bucket_ms, self.config.record_ttl_ms, "1" if running else ""],
+        )
+        raise_for(code, job_id, state, "cancel")
+        return str(state)
+
+    def reschedule(self, job_id: str, due: str, shard: int | None = None, now_ms: int | None = None) -> int:
+        """Move a scheduled job to ``due`` ('<ms>' or '+<ms>', ``reschedule.lua``); return the new due ms.
+
+        Raises:
+            JobNotFound: no such job.
+            InvalidState: it is not SCHEDULED any more.
+        """
+        s = self.locate(job_id, shard)
+        sk = self.keys.shard(s)
+        code, state, new_due = self._run(
+            self.scripts.reschedule, [sk.due, sk.buckets, sk.next, sk.job(job_id)],
+            [_now(now_ms), job_id, due, self.config.bucket_ms, self.keys.wake, s],
+        )
+        raise_for(code, job_id, state, "reschedule")
+        return int(new_due)
+
+    # -- release (scheduler side) ------------------------------------------------------
+
+    def release_due(
+        self, shard: int, owner: str = "", fence: str = "", now_ms: int | None = None, limit: int | None = None,
+    ) -> Batch:
+        """Direct path (``release_due.lua``): push up to ``limit`` due jobs of ``shard`` onto their queues.
+
+        Raises:
+            LeaseLost: ``owner`` does not hold the shard's lease with ``fence``.
+        """
+        self.check_layout()
+        sk = self.keys.shard(shard)
+        cfg, broker = self.config, self.broker
+        reply = self._run(
+            self.scripts.release_due, [sk.due, sk.buckets, sk.next, sk.lease, sk.dlq],
+            [_now(now_ms), sk.job_prefix, limit or cfg.batch_size, cfg.bucket_ms, owner, fence,
+             cfg.record_ttl_ms, broker.global_keyprefix, broker.deadletter_queue, cfg.dlq_max_age_s * 1000,
+             cfg.dlq_max_len_per_shard],
+        )
+        batch = self._batch(reply, shard)
+        rest = reply[5:]
+        for i in range(0, len(rest), 2):
+            batch.ids.append(rest[i])
+            batch.events.append(json.loads(rest[i + 1]) if rest[i + 1] else None)
+        return batch
+
+    def claim_due(
+        self, shard: int, owner: str = "", fence: str = "", now_ms: int | None = None, limit: int | None = None,
+    ) -> Batch:
+        """Publish path (``claim_due.lua``): lease up to ``limit`` due (or stale in-flight) jobs of ``shard``.
+
+        Raises:
+            LeaseLost: ``owner`` does not hold the shard's lease with ``fence``.
+        """
+        self.check_layout()
+        sk = self.keys.shard(shard)
+        cfg = self.config
+        reply = self._run(
+            self.scripts.claim_due, [sk.due, sk.buckets, sk.next, sk.lease, sk.inflight, sk.dlq],
+            [_now(now_ms), sk.job_prefix, limit or cfg.batch_size, cfg.bucket_ms, owner, fence,
+             cfg.claim_lease_ms, cfg.record_ttl_ms, cfg.dlq_max_age_s * 1000, cfg.dlq_max_len_per_shard],
+        )
+        batch = self._batch(reply, shard)
+        rest = reply[5:]
+        for i in range(0, len(rest), 6):
+            jid, msg, ex, rk, q, ev = rest[i:i + 6]
+            batch.ids.append(jid)
+            batch.messages.append((msg, ex, rk, q))
+            batch.events.append(json.loads(ev) if ev else None)
+        return batch
+
+    @staticmethod
+    def _batch(reply: Sequence[Any], shard: int) -> Batch:
+        if reply[0] == Reply.NOT_OWNER:
+            raise LeaseLost(f"the lease of shard {shard} is held by another scheduler")
+        nxt = int(reply[3])
+        return Batch(int(reply[1]), int(reply[2]), None if nxt < 0 else nxt, int(reply[4]))
+
+    def ack_claimed(self, shard: int, ids: Iterable[str], now_ms: int | None = None) -> int:
+        """Publish path (``ack_claimed.lua``): confirm published jobs; return how many were still in flight."""
+        ids = list(ids)
+        if not ids:
+            return 0
+        sk = self.keys.shard(shard)
+        return int(self._run(
+            self.scripts.ack_claimed, [sk.inflight],
+            [_now(now_ms), sk.job_prefix, self.config.record_ttl_ms, *ids],
+        ))
+
+    # -- scheduler membership ----------------------------------------------------------
+
+    def heartbeat(self, owner: str, leave: bool = False, now_ms: int | None = None) -> tuple[int, list[str]]:
+        """Renew (or give up) ``owner``'s membership (``heartbeat.lua``); return (now ms, live members)."""
+        reply = self._run(
+            self.scripts.heartbeat, [self.keys.schedulers],
+            [_now(now_ms), owner, self.config.lease_ms, "1" if leave else ""],
+        )
+        return int(reply[0]), [str(m) for m in reply[1:]]
+
+    def rebalance(self, owner: str, now_ms: int | None = None) -> dict[int, str]:
+        """Hand the shards out over the live schedulers (``rebalance.lua``); return ``owner``'s shards and fences."""
+        n = self.config.shards
+        keys = [self.keys.schedulers]
+        keys += [self.keys.shard(s).lease for s in range(n)]
+        keys += [self.keys.shard(s).fence for s in range(n)]
+        reply = self._run(self.scripts.rebalance, keys, [_now(now_ms), owner])
+        return {int(reply[i]): str(reply[i + 1]) for i in range(0, len(reply), 2)}
+
+    def member_deadlines(self) -> list[tuple[str, float]]:
+        """Every scheduler's membership deadline, epoch ms (expired ones included until a heartbeat drops them)."""
+        rows: list[tuple[str, float]] = self.client.zrange(  # type: ignore[assignment]
+            self.keys.schedulers, 0, -1, withscores=True
+        )
+        return [(str(m), float(d)) for m, d in rows]
+
+    def live_members(self) -> list[str]:
+        """The schedulers whose membership lease has not run out."""
+        return [str(m) for m in self.client.zrangebyscore(self.keys.schedulers, self.now_ms(), "+inf")]
+
+    def announce_members(self, owner: str) -> None:
+        """Tell the other schedulers that the membership changed (on the wake channel)."""
+        self.client.publish(self.keys.wake, MEMBERS_NOTICE + owner)
+
+    def subscribe_wake(self) -> WakeSubscription:
+        """A new subscription to the wake channel (its own connection; see :class:`WakeSubscription`)."""
+        return WakeSubscription(make_client(self.url, fail_fast=True), self.keys.wake)
+
+    # -- worker side: the execution ledger ----------------------------------------------
+
+    def start(
+        self, job_id: str, shard: int, owner: str, hostname: str = "", now_ms: int | None = None,
+    ) -> Started:
+        """Take the job's execution lease if it may run now (``start.lua``)."""
+        code, state, attempt, until = self._run(
+            self.scripts.start, [self.keys.shard(shard).job(job_id)],
+            [_now(now_ms), owner, self.config.exec_lease_ms, hostname],
+        )
+        return Started(Reply(int(code)), str(state), int(attempt), int(until))
+
+    def extend_lease(
+        self, job_id: str, shard: int, owner: str, delivery_tag: str = "", now_ms: int | None = None,
+    ) -> bool:
+        """Push a running job's lease deadline on (``extend_lease.lua``); False when the lease is lost.
+
+        On the direct path it also refreshes the message's entry in kombu's
+        unacked index, so a task running longer than ``visibility_timeout`` is
+        not redelivered while its lease is alive.
+        """
+        keys = [self.keys.shard(shard).job(job_id)]
+        args: list[Arg] = [_now(now_ms), owner, self.config.exec_lease_ms]
+        if self.broker.unacked_index and delivery_tag:
+            keys.append(self.broker.unacked_index)
+            args += [delivery_tag, repr(time.time())]  # kombu scores with the worker's own clock
+        code, _state, _until = self._run(self.scripts.extend_lease, keys, args)
+        return int(code) == Reply.OK
+
+    def finish(
+        self, job_id: str, shard: int, owner: str, outcome: str, reason: str = "", now_ms: int | None = None,
+    ) -> Outcome:
+        """Record an execution's ``outcome`` (SUCCEEDED, FAILED or QUEUED) and give the lease back (``finish.lua``).
+
+        The outcome's code is OK, NOT_FOUND (no record) or NOT_OWNER (the
+        lease is not this owner's any more; state = the job's state).
+        """
+        cfg = self.config
+        code, state = self._run(
+            self.scripts.finish, [self.keys.shard(shard).job(job_id)],
+            [_now(now_ms), owner, outcome, cfg.done_ttl_s * 1000, cfg.idempotency_ttl_s * 1000, reason],
+        )
+        return Outcome(Reply(int(code)), str(state))
+
+    # -- failures and the dead-letter queue ------------------------------------------------
+
+    def retry(
+        self, job_id: str, shard: int, due: str, retries: int, fields: Mapping[str, str], *,
+        owner: str = "", started_ms: int | None = None, now_ms: int | None = None,
+    ) -> Outcome:
+        """Store the next attempt and index it at ``due`` ('<ms>' or '+<ms>', ``retry.lua``).
+
+        The outcome's code is OK, UNCHANGED (scheduled already), WRONG_STATE
+        (cancelled or finished) or NOT_OWNER (running under another lease).
+        """
+        sk = self.keys.shard(shard)
+        code, state, due_ms = self._run(
+            self.scripts.retry, [sk.due, sk.buckets, sk.next, sk.inflight, sk.job(job_id)],
+            [_now(now_ms), job_id, due, self.config.bucket_ms, self.keys.wake, shard, retries,
+             _now(started_ms), owner, *_flatten(fields)],
+        )
+        return Outcome(Reply(int(code)), str(state), due_ms=int(due_ms))
+
+    def fail(
+        self, job_id: str, shard: int, fields: Mapping[str, str], *,
+        owner: str = "", started_ms: int | None = None, now_ms: int | None = None,
+    ) -> Outcome:
+        """Mark the job FAILED (``fail.lua``); its record expires after the record ttl."""
+        sk = self.keys.shard(shard)
+        code, state = self._run(
+            self.scripts.fail, [sk.inflight, sk.job(job_id)],
+            [_now(now_ms), job_id, self.config.record_ttl_ms, _now(started_ms), owner, *_flatten(fields)],
+        )
+        return Outcome(Reply(int(code)), str(state))
+
+    def dead(
+        self, job_id: str, shard: int, fields: Mapping[str, str], *,
+        owner: str = "", started_ms: int | None = None, now_ms: int | None = None,
+    ) -> Outcome:
+        """Move the job to the dead-letter queue (``dead.lua``), trimmed by age and count."""
+        cfg = self.config
+        sk = self.keys.shard(shard)
+        code, state, dropped = self._run(
+            self.scripts.dead, [sk.job(job_id), sk.dlq, sk.inflight],
+            [_now(now_ms), job_id, sk.job_prefix, cfg.dlq_max_age_s * 1000, cfg.dlq_max_len_per_shard,
+             _now(started_ms), owner, *_flatten(fields)],
+        )
+        return Outcome(Reply(int(code)), str(state), dropped=int(dropped))
+
+    def requeue(
+        self, shard: int, ids: Sequence[str], due: str, now_ms: int | None = None,
+    ) -> tuple[int, list[Outcome]]:
+        """Schedule dead letters of one shard again at ``due`` (``requeue.lua``).
+
+        Returns the due time (epoch ms) and one outcome per id: OK,
+        NOT_FOUND, WRONG_STATE (not DEAD) or NO_MESSAGE.
+        """
+        sk = self.keys.shard(shard)
+        reply = self._run(
+            self.scripts.requeue, [sk.due, sk.buckets, sk.next, sk.dlq],
+            [_now(now_ms), sk.job_prefix, due, self.config.bucket_ms, self.keys.wake, shard, *ids],
+        )
+        rest = reply[1:]
+        return int(reply[0]), [Outcome(Reply(int(rest[i])), str(rest[i + 1])) for i in range(0, len(rest), 2)]
+
+    def purge_dead(self, shard: int, older_than_ms: int | None = None, limit: int = 1000) -> int:
+        """Delete up to ``limit`` dead letters of one shard older than ``older_than_ms`` (``purge_dead.lua``).
+
+        ``older_than_ms`` None deletes them regardless of age.
+        """
+        sk = self.keys.shard(shard)
+        return int(self._run(
+            self.scripts.purge_dead, [sk.dlq],
+            ["", sk.job_prefix, "" if older_than_ms is None else older_than_ms, limit],
+        ))
+
+
+class WakeSubscription:
+    """A subscription to the store's wake channel, on a connection of its own.
+
+    ``schedule.lua`` (and the other scripts that index a job) publish
+    ``"<shard>:<due_ms>"`` there when a job is due earlier than the shard's
+    known next due time; schedulers publish ``"members|<owner>"`` when they
+    join or leave (:meth:`Store.announce_members`).
+    """
+
+    def __init__(self, client: redis.Redis, channel: str) -> None:
+        self._client = client
+        self._pubsub: Any = client.pubsub()  # type: ignore[no-untyped-call]
+        self._pubsub.subscribe(channel)
+
+    def get(self, timeout: float) -> tuple[str, str] | None:
+        """The next event, waiting up to ``timeout`` seconds: ``("subscribed", "")``,
+        ``("members", owner)``, ``("due", "<shard>:<due_ms>")`` or None.
+
+        Raises redis-py's errors when the connection is lost (the caller
+        resubscribes).
+        """
+        msg = self._pubsub.get_message(timeout=timeout)
+        if msg is None:
+            return None
+        kind = msg.get("type")
+        if kind == "subscribe":
+            return ("subscribed", "")
+        if kind != "message":
+            return None
+        data = str(msg["data"])
+        if data.startswith(MEMBERS_NOTICE):
+            return ("members", data[len(MEMBERS_NOTICE):])
+        return ("due", data)
+
+    def close(self) -> None:
+        """Unsubscribe and close the connection."""
+        try:
+            self._pubsub.close()
+        finally:
+            self._client.close()
+

@@ -1,0 +1,150 @@
+"""The job record and the values the gateway passes in and out.
+
+A job record (``{p}:{s}:job:<id>``, a Redis hash; field names in
+:class:`celery_delayed.vocab.Field`) holds:
+
+=========  ==============================================================
+st         the state (:class:`celery_delayed.vocab.JobState`)
+due        due time, epoch ms
+created    when it was scheduled, epoch ms (Redis clock)
+released   when it was pushed or published, epoch ms
+cancelled  when it was cancelled, epoch ms
+task       task name
+q, ex, rk  queue, exchange and routing key
+msg        the kombu envelope, until the job is released
+lk         direct path: the list key to push to (anonymous exchange)
+bx, ps     direct path, named exchange: its binding set, priority suffix
+ev         the task-sent event fields (JSON) when the app sends them
+sk         the shard key, when one was given
+ik         the idempotency key, when one was given
+claims     publish path: how many times it was claimed
+exp        Celery's ``expires``, epoch ms: not sent when released at or after it
+ml, mf     max lateness (ms) and misfire policy ('skip' or 'dead'; absent =
+           run anyway), checked at release (``producer/misfire.py``)
+reason     why it was not sent or did not finish (EXPIRED, SKIPPED, DEAD ...)
+att        executions begun (start.lua increments it; 1 = the first run)
+lo, lu     execution lease of a RUNNING job: owner token
+           ("<hostname>|<pid>|<delivery tag>|<nonce>") and deadline, epoch ms;
+           the worker's heartbeat (extend_lease.lua) pushes the deadline on
+started    when the latest execution began, epoch ms
+wk         hostname of the worker that ran it last
+finished   when it SUCCEEDED / FAILED / was EXPIRED or SKIPPED, epoch ms
+retries    retries scheduled (the ``retries`` header of its message; retry.lua)
+first_at,  when the first and the latest failed attempt began, epoch ms
+last_at
+etype,     the last failure: exception type (module.Class), message, and (FAILED
+emsg, tb   / DEAD only) traceback
+host       hostname of the worker where it last failed
+delay      the backoff delay of the pending retry, ms
+died       when it was dead-lettered, epoch ms (DEAD; indexed in the dlq set)
+args,      DEAD: the arguments (saferepr), and the attempts made
+kwargs,
+attempts
+requeued,  how often it was requeued from the dead-letter queue, and when last
+requeued_at
+=========  ==============================================================
+
+Worker-side states: QUEUED or CLAIMED -> RUNNING (start.lua takes the
+execution lease) -> SUCCEEDED (finish.lua; the record is the done marker) |
+FAILED | DEAD | SCHEDULED again for a retry. At release: EXPIRED
+(``expires`` passed), SKIPPED or DEAD (released later than ``max_lateness``
+with misfire 'skip' or 'dead').
+
+A released or cancelled record expires after ``delayed_record_ttl_s``; a
+SUCCEEDED one after ``delayed_done_ttl_s`` (``delayed_idempotency_ttl_s``
+when longer and the job has an idempotency key).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..vocab import JobState, Reply
+
+#: Record fields a new job may carry, in the order schedule.lua receives them.
+NEW_JOB_FIELDS = ("task", "q", "ex", "rk", "msg", "lk", "bx", "ps", "ev", "sk", "ik", "exp", "ml", "mf")
+
+
+@dataclass(frozen=True)
+class NewJob:
+    """One job to schedule: its id, shard, due spec ('<ms>' or '+<ms>') and record fields."""
+
+    id: str
+    shard: int
+    due: str
+    fields: Mapping[str, str]
+    #: fields this job shares with others (the same object for all of them):
+    #: a hint that lets :meth:`Store.schedule` send them once per call.
+    common: Mapping[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class Scheduled:
+    """The outcome of scheduling one job."""
+
+    id: str
+    shard: int
+    due_ms: int
+    created: bool  # False: a record with this id was there already
+    state: str
+
+
+@dataclass
+class Batch:
+    """The outcome of one release or claim call on a shard."""
+
+    count: int = 0
+    skipped: int = 0
+    next_due_ms: int | None = None
+    now_ms: int = 0
+    ids: list[str] = field(default_factory=list)
+    events: list[dict[str, Any] | None] = field(default_factory=list)
+    # publish path only: per job (msg, exchange, routing_key, queue)
+    messages: list[tuple[str, str, str, str]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Started:
+    """What ``start.lua`` decided for one delivery."""
+
+    code: Reply  # OK (run), NOT_FOUND (untracked), BUSY or WRONG_STATE
+    state: str  # the record's state ('' without a record)
+    attempt: int  # executions begun, this one included when code is OK
+    lease_until_ms: int  # OK: our deadline; BUSY: the other execution's
+
+    @property
+    def run(self) -> bool:
+        """The delivery runs under the ledger."""
+        return self.code == Reply.OK
+
+    @property
+    def untracked(self) -> bool:
+        """The job has no record: the delivery runs without the ledger."""
+        return self.code == Reply.NOT_FOUND
+
+    @property
+    def busy(self) -> bool:
+        """Another execution holds a live lease."""
+        return self.code == Reply.BUSY
+
+    @property
+    def cancelled(self) -> bool:
+        """The job was cancelled before it began."""
+        return self.code == Reply.WRONG_STATE and self.state == JobState.CANCELLED
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The reply of a script that acts on one job: a :class:`~celery_delayed.vocab.Reply` and the state."""
+
+    code: Reply
+    state: str
+    due_ms: int = 0  # retry: the new due time; reschedule: likewise
+    dropped: int = 0  # dead: letters trimmed
+
+    @property
+    def ok(self) -> bool:
+        """The script did what was asked."""
+        return self.code == Reply.OK

@@ -1,0 +1,292 @@
+"""Views over many jobs: each owns its listing and paging (as RQ's registries do).
+
+- :class:`Pending`: scheduled jobs, in due order.
+- :class:`DeadLetters`: the dead-letter queue, most recent death first; show,
+  requeue and purge.
+- :func:`shard_status`: per shard, pending, overdue and in-flight counts.
+
+They read through the store's client and change the store only through the
+gateway's scripts.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import InvalidOption, InvalidState, raise_for
+from ..vocab import Field, JobState, Reply
+from .client import translate_errors
+from .gateway import Store
+
+_PAGE = 500
+_PURGE_BATCH = 1000
+
+
+def _check_page(offset: int, limit: int) -> None:
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0 \
+            or isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise InvalidOption(f"offset must be an int >= 0 and limit an int >= 1, got offset={offset!r}, "
+                            f"limit={limit!r}")
+
+
+def _due_keys(store: Store, shard: int) -> list[str]:
+    sk = store.keys.shard(shard)
+    if store.config.bucket_ms <= 0:
+        return [sk.due]
+    return [str(k) for k in store.client.zrange(sk.buckets, 0, -1)]
+
+
+@translate_errors
+class ShardStatus:
+    """Per-shard counts of one store."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.url = store.url
+
+    def rows(self, now_ms: int | None = None) -> list[dict[str, Any]]:
+        """Per shard: pending jobs, in-flight claims, next due time and oldest overdue (ms)."""
+        store = self.store
+        now = store.now_ms() if now_ms is None else now_ms
+        out = []
+        for s in range(store.config.shards):
+            due_keys = _due_keys(store, s)
+            pipe = store.client.pipeline(transaction=False)
+            for k in due_keys:
+                pipe.zcard(k)
+                pipe.zrange(k, 0, 0, withscores=True)
+                pipe.zcount(k, "-inf", now)
+            pipe.zcard(store.keys.shard(s).inflight)
+            replies = pipe.execute()
+            pending = sum(replies[i] for i in range(0, len(replies) - 1, 3))
+            overdue = sum(replies[i + 2] for i in range(0, len(replies) - 1, 3))
+            firsts = [int(r[0][1]) for r in replies[1:-1:3] if r]
+            nxt = min(firsts) if firsts else None
+            out.append({
+                "shard": s, "pending": pending, "overdue": overdue, "inflight": replies[-1],
+                "next_due_ms": nxt,
+                "oldest_overdue_ms": (now - nxt) if nxt is not None and nxt <= now else 0,
+            })
+        return out
+
+
+@translate_errors
+class Pending:
+    """The scheduled jobs of one store."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.url = store.url
+
+    def page(self, task: str | None = None, offset: int = 0, limit: int = 50) -> list[dict[str, str]]:
+        """Scheduled jobs (earliest first within each shard, shard by shard), optionally of one task."""
+        _check_page(offset, limit)
+        store = self.store
+        out: list[dict[str, str]] = []
+        skipped = 0
+        for s in range(store.config.shards):
+            sk = store.keys.shard(s)
+            for k in _due_keys(store, s):
+                start = 0
+                while True:
+                    ids: list[Any] = list(store.client.zrange(k, start, start + _PAGE - 1, withscores=True))
+                    if not ids:
+                        break
+                    start += len(ids)
+                    pipe = store.client.pipeline(transaction=False)
+                    for jid, _ in ids:
+                        pipe.hmget(sk.job(jid), Field.TASK, Field.QUEUE, Field.STATE)
+                    rows: list[Any] = pipe.execute()
+                    for (jid, score), (tname, q, st) in zip(ids, rows, strict=True):
+                        if task and tname != task:
+                            continue
+                        if skipped < offset:
+                            skipped += 1
+                            continue
+                        out.append({"id": jid, "shard": str(s), "due": str(int(score)),
+                                    "task": tname or "", "queue": q or "", "st": st or ""})
+                        if len(out) >= limit:
+                            return out
+        return out
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """One dead letter, as listed (``show`` gives the whole record)."""
+
+    id: str
+    shard: int
+    died_ms: int
+    task: str
+    queue: str
+    error: str  # "<exception type>: <message>", or the misfire reason
+    attempts: int
+    host: str
+
+    def as_dict(self) -> dict[str, Any]:
+        """The letter as a JSON-ready dict."""
+        return {"id": self.id, "shard": self.shard, "died_ms": self.died_ms, "task": self.task,
+                "queue": self.queue, "error": self.error, "attempts": self.attempts, "host": self.host}
+
+
+_SUMMARY = (Field.TASK, Field.QUEUE, Field.ERROR_TYPE, Field.ERROR_MESSAGE, Field.REASON, Field.ATTEMPTS,
+            Field.HOST, Field.STATE)
+
+
+def _letter(job_id: str, shard: int, died: float, rec: list[Any]) -> DeadLetter:
+    task, q, etype, emsg, reason, attempts, host = (rec[i] or "" for i in range(7))
+    error = f"{etype}: {emsg}" if etype else reason
+    try:
+        n = int(attempts)
+    except ValueError:
+        n = 0
+    return DeadLetter(job_id, shard, int(died), task, q, error, n, host)
+
+
+@translate_errors
+class DeadLetters:
+    """The dead-letter queue of one store: every shard's ``dlq`` set, merged by time of death.
+
+    A dead letter is the job's record (state DEAD) indexed in its shard's
+    ``{p}:{s}:dlq`` sorted set by time of death. It keeps the task name, the
+    arguments (``args``/``kwargs`` as reprs, and a message ready to send), the
+    exception type and message, the traceback, ``attempts``, the first and
+    last attempt times, the worker hostname and when it died. A job
+    dead-lettered by the misfire policy carries a ``reason`` instead of an
+    exception. Each death trims letters older than ``delayed_dlq_max_age_s``
+    and, per shard, beyond ``ceil(delayed_dlq_max_len / delayed_shards)``.
+    """
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.url = store.url
+
+    def count(self) -> int:
+        """The number of dead letters over all shards."""
+        store = self.store
+        pipe = store.client.pipeline(transaction=False)
+        for s in range(store.config.shards):
+            pipe.zcard(store.keys.shard(s).dlq)
+        return sum(int(n) for n in pipe.execute())
+
+    def page(self, offset: int = 0, limit: int = 50, task: str | None = None) -> list[DeadLetter]:
+        """Dead letters, most recent death first, optionally of one task name.
+
+        Raises:
+            InvalidOption: a negative offset or a limit below 1.
+        """
+        _check_page(offset, limit)
+        store = self.store
+        merged = heapq.merge(*(self._shard_stream(s) for s in range(store.config.shards)), key=lambda e: -e[0])
+        out: list[DeadLetter] = []
+        skipped = 0
+        batch: list[tuple[float, int, str]] = []
+
+        def flush() -> bool:
+            nonlocal skipped
+            pipe = store.client.pipeline(transaction=False)
+            for _, s, jid in batch:
+                pipe.hmget(store.keys.shard(s).job(jid), *_SUMMARY)
+            for (died, s, jid), rec in zip(batch, pipe.execute(), strict=True):
+                if rec[-1] != JobState.DEAD or (task and rec[0] != task):
+                    continue
+                if skipped < offset:
+                    skipped += 1
+                    continue
+                out.append(_letter(jid, s, died, rec))
+                if len(out) >= limit:
+                    return True
+            batch.clear()
+            return False
+
+        for entry in merged:
+            batch.append(entry)
+            if len(batch) >= min(_PAGE, offset + limit) and flush():
+                return out
+        if batch:
+            flush()
+        return out
+
+    def _shard_stream(self, shard: int) -> Iterator[tuple[float, int, str]]:
+        """(died, shard, id) of one shard, most recent first, read a page at a time."""
+        key = self.store.keys.shard(shard).dlq
+        start = 0
+        while True:
+            page: list[Any] = list(self.store.client.zrevrange(key, start, start + _PAGE - 1, withscores=True))
+            if not page:
+                return
+            for jid, died in page:
+                yield (float(died), shard, str(jid))
+            start += len(page)
+
+    def show(self, job_id: str) -> dict[str, str]:
+        """The whole record of a dead letter (traceback included, message left out).
+
+        Raises:
+            JobNotFound: no record with this id.
+            InvalidState: the job exists but is not DEAD.
+        """
+        rec = self.store.get(job_id)
+        if rec.get(Field.STATE) != JobState.DEAD:
+            raise InvalidState(job_id, rec.get(Field.STATE, "?"), "show as a dead letter")
+        return rec
+
+    def requeue(self, job_id: str, due: str) -> int:
+        """Schedule one dead letter again at ``due`` ('<ms>' or '+<ms>'); return its due time (epoch ms).
+
+        Raises:
+            JobNotFound: no record with this id.
+            InvalidState: it is not DEAD, or it has no message to send.
+        """
+        due_ms, outcomes = self.store.requeue(self.store.locate(job_id), [job_id], due)
+        raise_for(outcomes[0].code, job_id, outcomes[0].state, "requeue")
+        return due_ms
+
+    def requeue_all(self, due: str, task: str | None = None) -> int:
+        """Schedule every dead letter (of one task name, if given) again; return how many."""
+        store = self.store
+        total = 0
+        for s in range(store.config.shards):
+            sk = store.keys.shard(s)
+            stuck = 0  # letters requeue cannot move (no message), or of another task: skip past them
+            while True:
+                ids = [str(i) for i in store.client.zrange(sk.dlq, stuck, stuck + _PAGE - 1)]
+                if not ids:
+                    break
+                if task:
+                    pipe = store.client.pipeline(transaction=False)
+                    for jid in ids:
+                        pipe.hget(sk.job(jid), Field.TASK)
+                    keep = [jid for jid, name in zip(ids, pipe.execute(), strict=True) if name == task]
+                    stuck += len(ids) - len(keep)
+                    ids = keep
+                    if not ids:
+                        continue
+                _, outcomes = store.requeue(s, ids, due)
+                total += sum(1 for o in outcomes if o.code == Reply.OK)
+                stuck += sum(1 for o in outcomes if o.code == Reply.NO_MESSAGE)
+        return total
+
+    def purge(self, older_than_s: float | None = None) -> int:
+        """Delete dead letters that died more than ``older_than_s`` seconds ago (None: all); return how many.
+
+        Raises:
+            InvalidOption: a negative or non-numeric ``older_than_s``.
+        """
+        age_ms = None
+        if older_than_s is not None:
+            if isinstance(older_than_s, bool) or not isinstance(older_than_s, (int, float)) \
+                    or not older_than_s >= 0:
+                raise InvalidOption(f"older_than must be a number of seconds >= 0, got {older_than_s!r}")
+            age_ms = int(older_than_s * 1000)
+        total = 0
+        for s in range(self.store.config.shards):
+            while True:
+                n = self.store.purge_dead(s, age_ms, _PURGE_BATCH)
+                total += n
+                if n < _PURGE_BATCH:
+                    break
+        return total

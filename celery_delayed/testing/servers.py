@@ -1,0 +1,150 @@
+"""Private ``redis-server`` processes on free ports, for tests, demos and benchmarks.
+
+Nothing starts at import. :class:`RedisServer` runs one server in a
+temporary folder; use it as a context manager (it stops the server and
+removes the folder on exit, also on failure)::
+
+    with RedisServer() as server:
+        app.conf.broker_url = server.url
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+__all__ = ["RedisServer", "ensure_redis_server", "free_port"]
+
+
+def free_port() -> int:
+    """Return a TCP port that is free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def ensure_redis_server(install: bool = False) -> str:
+    """Return the path of ``redis-server``.
+
+    Args:
+        install: when it is missing and this process is root on a Debian-like
+            system, install Debian's ``redis-server`` package with apt-get.
+
+    Raises:
+        FileNotFoundError: it is missing (and could not be installed).
+    """
+    exe = shutil.which("redis-server")
+    if exe is not None:
+        return exe
+    if not install or os.geteuid() != 0 or shutil.which("apt-get") is None:
+        raise FileNotFoundError(
+            "redis-server is not installed: install it (Debian/Ubuntu: apt-get install redis-server) "
+            "or point REDIS_URL at a Redis server that may be used"
+        )
+    print("redis-server is missing: apt-get install -y redis-server", flush=True)
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    subprocess.run(["apt-get", "update"], check=True, env=env, stdout=subprocess.DEVNULL)
+    subprocess.run(["apt-get", "install", "-y", "redis-server"], check=True, env=env, stdout=subprocess.DEVNULL)
+    exe = shutil.which("redis-server")
+    if exe is None:
+        raise FileNotFoundError("apt-get installed redis-server but it is not on PATH")
+    return exe
+
+
+def _ping(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+class RedisServer:
+    """A private redis-server process on 127.0.0.1; ``url`` points at it.
+
+    Args:
+        *extra: more ``redis-server`` arguments (e.g. ``"--maxmemory", "10mb"``).
+        port: the port (default: a free one). :meth:`restart` keeps it.
+        appendonly: keep an AOF (``appendfsync everysec``) in the server's
+            folder, so a restart keeps the data.
+        exe: the ``redis-server`` binary (default: the one on PATH).
+        own_session: start it in a session of its own, so a Ctrl-C in the
+            terminal reaches only the caller, which stops the server itself.
+    """
+
+    def __init__(self, *extra: str, port: int | None = None, appendonly: bool = False,
+                 exe: str | None = None, own_session: bool = False) -> None:
+        self.exe = exe or ensure_redis_server()
+        self.port = port or free_port()
+        self.dir = tempfile.mkdtemp(prefix="celery-delayed-redis-")
+        self.own_session = own_session
+        self.args = [
+            self.exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+            "--appendonly", "yes" if appendonly else "no", "--dir", self.dir,
+            "--daemonize", "no", "--logfile", os.path.join(self.dir, "redis.log"), *extra,
+        ]
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """The server's URL (database 0)."""
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def log(self) -> str:
+        """The tail of the server's log."""
+        path = Path(self.dir, "redis.log")
+        return path.read_text(errors="replace")[-2000:] if path.exists() else ""
+
+    def start(self, timeout: float = 10.0) -> RedisServer:
+        """Start the server and wait until it answers PING."""
+        self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     start_new_session=self.own_session)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if _ping(self.port):
+                return self
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.02)
+        self.stop("kill")
+        raise RuntimeError(f"redis-server did not start on port {self.port}: {self.log}")
+
+    def stop(self, sig: str = "term") -> None:
+        """Stop the server: ``"term"`` (SIGTERM, a clean shutdown) or ``"kill"`` (SIGKILL)."""
+        if self.proc is None:
+            return
+        if sig == "kill":
+            self.proc.kill()
+        else:
+            self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+        self.proc = None
+
+    def restart(self, sig: str = "term", down_s: float = 0.0, timeout: float = 10.0) -> RedisServer:
+        """Stop the server, wait ``down_s`` seconds, and start it again on the same port and folder."""
+        self.stop(sig)
+        if down_s > 0:
+            time.sleep(down_s)
+        return self.start(timeout)
+
+    def close(self) -> None:
+        """Stop the server and remove its folder."""
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

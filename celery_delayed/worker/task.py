@@ -1,0 +1,390 @@
+"""``DelayedTask``: the Celery task base class of celery-delayed (scheduling and the worker side).
+
+Before the body of a delivered task runs, one script (``lua/start.lua``)
+re-reads the job's record (found through the message's ``delayed_shard``
+header) and decides, atomically:
+
+==========================  ==============================================
+record                      this delivery
+==========================  ==============================================
+none (plain ``apply_async``  runs, without the ledger
+or an expired record)
+CANCELLED                   skipped and acknowledged, announced as revoked
+                            exactly as Celery's own revoke does: a
+                            ``task-revoked`` event, REVOKED in the result
+                            backend, the ``task_revoked`` signal
+SUCCEEDED (the done marker) skipped and acknowledged (a redelivery of a
+                            completed job is a no-op)
+RUNNING, live lease         waits, holding its message, until that
+                            execution ends (then skipped) or its lease
+                            passes (then it takes over and runs)
+QUEUED / CLAIMED, or        takes the execution lease: RUNNING, ``att`` + 1,
+RUNNING with a passed lease and runs the body; a heartbeat thread extends
+                            the lease every third of ``delayed_exec_lease_ms``
+FAILED, DEAD, EXPIRED,      skipped and acknowledged (SCHEDULED: a stale
+SKIPPED, SCHEDULED          delivery of a job scheduled again for a retry)
+==========================  ==============================================
+
+On success ``lua/finish.lua`` marks the job SUCCEEDED; the record stays as
+its done marker for ``delayed_done_ttl_s`` (``delayed_idempotency_ttl_s``
+when longer and the job has an idempotency key). When the body raises,
+:class:`~celery_delayed.worker.failures.Failures` decides (retry through the
+store, dead-letter, or FAILED).
+
+Why a duplicate delivery waits instead of being dropped: with the Redis
+broker, a message redelivered after ``visibility_timeout`` has the same
+delivery tag as the one still running, so acknowledging the duplicate also
+drops the running one's safety net; a worker that then died would lose the
+job. The waiting duplicate keeps it, and runs the job itself if the lease
+passes.
+
+What is guaranteed (see docs/guarantees-worker.md, each case tested with
+real worker processes):
+
+- The body of a job runs to a successful end at most once, however many
+  times its message is delivered (redelivery after ``visibility_timeout``,
+  at-least-once publish, a copy pushed by hand), as long as the done marker
+  lives (``delayed_done_ttl_s``).
+- Two executions of one job never overlap while the running one's worker is
+  alive (its heartbeat keeps the lease).
+- A crash inside the body (worker killed, lost connection) may repeat it:
+  once the lease passes, a redelivery (``acks_late`` with the Redis broker's
+  visibility timeout, or ``task_reject_on_worker_lost``) takes over and runs
+  the body again from the start; ``att`` counts the executions begun.
+- A job cancelled before its execution began never runs; a RUNNING job is
+  not cancelled (``cancel`` raises InvalidState, ``h.cancel()`` is False)
+  unless ``terminate=True``, which Celery honours in the prefork pool only.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from billiard.einfo import ExceptionInfo
+from celery import Task, signals
+from celery.backends.base import DisabledBackend
+from celery.exceptions import Ignore, MaxRetriesExceededError, Reject, Retry
+from celery.utils.log import get_task_logger
+
+from .. import api
+from ..errors import InvalidOption, StoreUnavailable
+from ..producer.message import MESSAGE_OPTIONS
+from ..result import DelayedResult
+from ..store import Started, Store, get_store
+from ..timeutil import from_ms
+from ..vocab import DELAY_HEADER, JobState, Reply, request_header
+from .execution import Execution, LeaseKeeper, delivery_tag, execution_token, job_shard
+from .failures import BACKOFF_OPTIONS, Attempt, Failures, RetryPolicy
+
+logger = get_task_logger(__name__)
+
+#: The request attribute that carries the running execution (Celery copies the
+#: request's attributes into the context the body sees).
+_EXECUTION = "delayed_execution"
+_RETRY_LATER_OPTIONS = ("eta", "throw", "args", "kwargs", "max_attempts", *BACKOFF_OPTIONS)
+
+
+class DelayedTask(Task):  # type: ignore[misc]
+    """Base class for tasks scheduled with ``apply_later``; safe under at-least-once delivery.
+
+    Example::
+
+        @app.task(base=DelayedTask, bind=True, acks_late=True, autoretry_for=(IOError,),
+                  max_attempts=5, backoff="equal", backoff_base_s=2)
+        def remind(self, user_id): ...
+
+        h = remind.apply_later(args=(42,), when=timedelta(minutes=5))
+        h.cancel()
+
+    Task attributes read by celery-delayed: ``max_lateness`` and ``misfire``
+    (see :mod:`celery_delayed.producer.misfire`), and the retry options below
+    (see :mod:`celery_delayed.worker.failures`). The worker side is described
+    in this module's docstring.
+    """
+
+    abstract = True
+    #: Seconds a job may be released after its due time before ``misfire`` applies (None: no limit).
+    max_lateness: float | None = None
+    #: What to do with a job released later than ``max_lateness``: "run", "skip" or "dead".
+    misfire: str | None = None
+    #: Attempts in all (None: ``delayed_max_attempts``).
+    max_attempts: int | None = None
+    #: Backoff policy and its parameters (None: the ``delayed_backoff*`` settings).
+    backoff: str | None = None
+    backoff_base_s: float | None = None
+    backoff_factor: float | None = None
+    backoff_cap_s: float | None = None
+    #: Dead-letter every final failure, not only exhausted retries (None: setting).
+    dlq_all_failures: bool | None = None
+
+    # -- scheduling --------------------------------------------------------------
+
+    def apply_later(
+        self,
+        args: Sequence[Any] | None = None,
+        kwargs: Mapping[str, Any] | None = None,
+        when: object = 0,
+        **options: Any,
+    ) -> DelayedResult:
+        """Schedule this task for ``when``; see :func:`celery_delayed.apply_later`."""
+        return api.apply_later(self._get_app(), self.name, args, kwargs, when, **options)
+
+    def apply_later_many(self, calls: Iterable[Mapping[str, Any]]) -> list[DelayedResult]:
+        """Schedule many calls of this task in few round trips.
+
+        Each item is a mapping of ``apply_later`` keyword arguments::
+
+            remind.apply_later_many({"args": (uid,), "when": 60} for uid in users)
+        """
+        return api.apply_later_many(self._get_app(), self.name, calls)
+
+    # -- worker side -------------------------------------------------------------
+
+    @property
+    def delayed_execution(self) -> Execution | None:
+        """The execution of this job running in this thread (its lease owner), or None."""
+        return getattr(self.request, _EXECUTION, None)
+
+    def _delayed_store(self) -> Store:
+        return get_store(self._get_app())
+
+    def _delayed_in_worker(self) -> bool:
+        req = self.request
+        return not (req.called_directly or req.is_eager) and bool(req.id)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the body under the job's ledger (see the module docstring)."""
+        req = self.request
+        if not self._delayed_in_worker():
+            return super().__call__(*args, **kwargs)
+        store = self._delayed_store()
+        shard = job_shard(store, req)
+        tag = delivery_tag(req)
+        owner = execution_token(req.hostname or "", tag)
+        try:
+            started = self._delayed_start(store, req.id, shard, owner, req.hostname or "")
+        except StoreUnavailable as exc:
+            return self._delayed_store_down(exc, args, kwargs)
+        if started.untracked:
+            return super().__call__(*args, **kwargs)
+        if started.cancelled:
+            logger.info("Discarding cancelled job %s[%s]", self.name, req.id)
+            self._delayed_announce_revoked()
+            raise Ignore()
+        if not started.run:
+            why = "completed already" if started.state == JobState.SUCCEEDED else f"its job is {started.state}"
+            logger.info("Skipping %s[%s]: %s (duplicate delivery)", self.name, req.id, why)
+            raise Ignore()
+        execution = Execution(req.id, shard, owner, started.attempt, tag)
+        # The body's request context copies this attribute: retry_later finds the execution there.
+        setattr(req, _EXECUTION, execution)
+        try:
+            return self._delayed_run(store, execution, args, kwargs)
+        finally:
+            setattr(req, _EXECUTION, None)
+
+    def _delayed_start(self, store: Store, job_id: str, shard: int, owner: str, hostname: str) -> Started:
+        started = store.start(job_id, shard, owner, hostname)
+        if started.busy:
+            logger.info("Job %s[%s] is running elsewhere: waiting for it to end or its lease to pass",
+                        self.name, job_id)
+        poll_s = max(store.config.exec_lease_ms / 3000.0, 0.05)
+        while started.busy:
+            time.sleep(poll_s)
+            started = store.start(job_id, shard, owner, hostname)
+        return started
+
+    def _delayed_store_down(self, exc: StoreUnavailable, args: Any, kwargs: Any) -> Any:
+        # With acks_late the message can go back to the queue: do that (after a
+        # pause, so an outage does not become a hot loop) rather than run blind.
+        # Acknowledged early, this delivery is the only copy left: run it untracked.
+        if self.acks_late:
+            logger.error("Store unavailable, requeueing %s[%s]: %s", self.name, self.request.id, exc)
+            time.sleep(1.0)
+            raise Reject(exc, requeue=True)
+        logger.error("Store unavailable, running %s[%s] without the ledger: %s", self.name, self.request.id, exc)
+        return super().__call__(*args, **kwargs)
+
+    def _delayed_finish(self, store: Store, ex: Execution, outcome: str, reason: str = "") -> None:
+        # The body's outcome stands even if it cannot be recorded; the lease then
+        # passes and a later redelivery may run the body again (documented).
+        try:
+            result = store.finish(ex.job_id, ex.shard, ex.owner, outcome, reason)
+        except Exception as exc:  # the store is down, full, or refused the write
+            logger.error("Could not record %s of %s[%s]: %s", outcome, self.name, ex.job_id, exc)
+            return
+        if outcome == JobState.SUCCEEDED and not result.ok and result.state:
+            logger.warning("Job %s[%s] finished, but its record says %s: not marked SUCCEEDED",
+                           self.name, ex.job_id, result.state)
+
+    def _delayed_run(self, store: Store, ex: Execution, args: Any, kwargs: Any) -> Any:
+        keeper = LeaseKeeper(store, ex).start()
+        try:
+            result = super().__call__(*args, **kwargs)
+        except Retry:  # a retry sent a new message or scheduled the job again: the next delivery may start it
+            keeper.stop()
+            self._delayed_finish(store, ex, JobState.QUEUED)
+            raise
+        except Reject as exc:
+            keeper.stop()
+            outcome = JobState.QUEUED if exc.requeue else JobState.FAILED
+            self._delayed_finish(store, ex, outcome, reason=f"rejected: {exc.reason!r}")
+            raise
+        except Ignore:  # the body chose to end here: that is its completion
+            keeper.stop()
+            self._delayed_finish(store, ex, JobState.SUCCEEDED)
+            raise
+        except Exception as exc:
+            keeper.stop()
+            try:
+                self.delayed_handle_failure(exc, ExceptionInfo())
+            finally:
+                # A failure nobody handled must not hold the job RUNNING until the lease passes.
+                self._delayed_finish(store, ex, JobState.FAILED, reason=f"{type(exc).__name__}: {exc}"[:1000])
+            raise
+        finally:
+            keeper.stop()
+        self._delayed_finish(store, ex, JobState.SUCCEEDED)
+        return result
+
+    def _delayed_announce_revoked(self) -> None:
+        """Do what Celery's worker does for a revoked request (``Request._announce_revoked``)."""
+        req = self.request
+        if self.send_events:
+            try:
+                self.send_event("task-revoked", terminated=False, signum=None, expired=False)
+            except Exception:  # monitoring is best effort; the skip itself stands
+                logger.warning("could not send the task-revoked event of %s", req.id, exc_info=True)
+        ignore_result = bool(req.ignore_result) or bool(self.ignore_result)
+        store_errors = self.store_errors_even_if_ignored or not ignore_result
+        if not isinstance(self.backend, DisabledBackend):
+            self.backend.mark_as_revoked(req.id, "revoked", request=req, store_result=store_errors)
+        signals.task_revoked.send(sender=self, request=req, terminated=False, signum=None, expired=False)
+
+    # -- retries and failures -------------------------------------------------------
+
+    def _delayed_attempt(self, store: Store, args: Any = None, kwargs: Any = None, **options: Any) -> Attempt:
+        """The running attempt, with what Celery's ``Task.retry`` would send next (explicit options win)."""
+        req = self.request
+        sig = self.signature_from_request(req, args, kwargs, **options)
+        execution = self.delayed_execution
+        prev = request_header(req, DELAY_HEADER)
+        return Attempt(
+            job_id=req.id, shard=job_shard(store, req), task_name=self.name, number=int(req.retries or 0) + 1,
+            args=sig.args, kwargs=sig.kwargs, options=dict(sig.options),
+            owner=execution.owner if execution is not None else "", hostname=str(req.hostname or ""),
+            prev_delay_ms=int(prev) if isinstance(prev, (int, float)) and not isinstance(prev, bool) else None,
+            task_type=self,
+        )
+
+    def retry(
+        self, args: Any = None, kwargs: Any = None, exc: BaseException | None = None, throw: bool = True,
+        eta: datetime | None = None, countdown: float | None = None, max_retries: int | None = None,
+        **options: Any,
+    ) -> Any:
+        """Celery's ``Task.retry``, through the store: same arguments, no ETA message.
+
+        ``max_retries`` (as Celery counts: retries after the first run) sets
+        ``max_attempts = max_retries + 1`` for this call. Without ``countdown``
+        or ``eta`` the delay comes from the backoff policy (not
+        ``default_retry_delay``).
+        """
+        if not self._delayed_in_worker():
+            return super().retry(args, kwargs, exc, throw, eta, countdown, max_retries, **options)
+        if max_retries is not None and options.get("max_attempts") is None:
+            options["max_attempts"] = max_retries + 1
+        return self.retry_later(exc=exc, countdown=countdown, eta=eta, args=args, kwargs=kwargs,
+                                throw=throw, **options)
+
+    def retry_later(
+        self, exc: BaseException | None = None, countdown: float | None = None, **options: Any
+    ) -> Any:
+        """Schedule the next attempt of the running job through the store (not as an ETA message).
+
+        Raises Celery's ``Retry`` (the run ends as RETRY, as with
+        ``Task.retry``). When the job has used its attempts, it goes to the
+        dead-letter queue and ``exc`` (or ``MaxRetriesExceededError``) is raised.
+
+        Args:
+            exc: the exception that caused the retry (kept in the record).
+            countdown: seconds until the next attempt (default: the backoff
+                policy's delay for this retry).
+            **options: ``eta`` (a datetime, instead of countdown), ``args``,
+                ``kwargs`` (change the next attempt's arguments), ``max_attempts``,
+                ``backoff``, ``backoff_base_s``, ``backoff_factor``,
+                ``backoff_cap_s``, ``throw`` (False: return the Retry instead of
+                raising it), and message options (queue, priority, ...).
+        """
+        own = {k: options.pop(k, None) for k in _RETRY_LATER_OPTIONS}
+        throw = own["throw"] is not False
+        unknown = set(options) - MESSAGE_OPTIONS
+        if unknown:
+            raise InvalidOption(
+                f"retry_later got unknown option(s) {sorted(unknown)}; it accepts exc, countdown, eta, args, "
+                f"kwargs, max_attempts, backoff, backoff_base_s, backoff_factor, backoff_cap_s, throw "
+                f"and the message options {sorted(MESSAGE_OPTIONS)}"
+            )
+        if not self._delayed_in_worker():
+            attempts = own["max_attempts"]
+            return super().retry(own["args"], own["kwargs"], exc, throw, own["eta"], countdown,
+                                 None if attempts is None else attempts - 1, **options)
+        store = self._delayed_store()
+        policy = RetryPolicy.resolve(self, store.config, own["max_attempts"],
+                                     **{k: own[k] for k in BACKOFF_OPTIONS})
+        attempt = self._delayed_attempt(store, own["args"], own["kwargs"], **options)
+        if attempt.number >= policy.max_attempts:
+            final = exc if exc is not None else MaxRetriesExceededError(
+                f"can't retry {self.name}[{attempt.job_id}]: {attempt.number} attempts used"
+            )
+            self._delayed_dead_letter(store, final, None)
+            raise final
+        outcome = Failures(self._get_app(), store).retry(attempt, policy, exc, countdown=countdown, eta=own["eta"])
+        if outcome.code in (Reply.WRONG_STATE, Reply.NOT_OWNER):  # cancelled, finished, or running elsewhere
+            logger.warning("not retrying %s[%s]: the job is %s", self.name, attempt.job_id, outcome.state)
+            raise Ignore()
+        logger.info("retry %s of %s[%s] scheduled for %s", attempt.number, self.name, attempt.job_id,
+                    from_ms(outcome.due_ms))
+        ret = Retry(exc=exc, when=from_ms(outcome.due_ms))
+        if throw:
+            raise ret
+        return ret
+
+    def delayed_handle_failure(self, exc: BaseException, einfo: Any) -> None:
+        """Called when the body raised: retry through the store, dead-letter, or mark FAILED.
+
+        Raises ``Retry`` when the job is retried through the store; returns
+        None when the failure is final (the job is DEAD or FAILED), and the
+        caller re-raises ``exc``.
+        """
+        if isinstance(exc, (Retry, Ignore, Reject)) or not self._delayed_in_worker():
+            return
+        execution = self.delayed_execution
+        if execution is not None and execution.settled is exc:
+            return  # retry_later dead-lettered it already
+        store = self._delayed_store()
+        policy = RetryPolicy.resolve(self, store.config)
+        number = int(self.request.retries or 0) + 1
+        if policy.retryable(exc):
+            if number < policy.max_attempts:
+                self.retry_later(exc=exc)
+            self._delayed_dead_letter(store, exc, einfo)
+        elif policy.dlq_all_failures:
+            self._delayed_dead_letter(store, exc, einfo)
+        else:
+            Failures(self._get_app(), store).fail(self._delayed_attempt(store), exc, _traceback(einfo))
+
+    def _delayed_dead_letter(self, store: Store, exc: BaseException, einfo: Any) -> None:
+        """Dead-letter the running job (once per execution)."""
+        execution = self.delayed_execution
+        if execution is not None:
+            execution.settled = exc
+        Failures(self._get_app(), store).dead_letter(self._delayed_attempt(store), exc, _traceback(einfo))
+
+
+def _traceback(einfo: Any) -> str | None:
+    """The formatted traceback of Celery's ``ExceptionInfo`` (None: format the exception's own)."""
+    tb = getattr(einfo, "traceback", None)
+    return tb if isinstance(tb, str) else None

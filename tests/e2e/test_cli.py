@@ -1,0 +1,140 @@
+"""``celery -A app delayed status|list|show|cancel`` against the real app and store."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from celery.bin.base import CLIContext
+from click.testing import CliRunner, Result
+from support import free_port, make_app, run_celery
+
+from celery_delayed import apply_later, apply_later_many
+from celery_delayed.cli import delayed
+
+
+def invoke(app, *args: str) -> Result:
+    """Run ``delayed <args>`` as ``celery -A app`` would (the same click context object)."""
+    ctx = CLIContext(app=app, no_color=True, workdir=None, quiet=True)
+    return CliRunner().invoke(delayed, list(args), obj=ctx)
+
+
+@pytest.fixture
+def cli_app(redis_url, uid):
+    return make_app(redis_url, uid, delayed_shards=4)
+
+
+def later(app, n: int, task: str = "e2e.mark", **kw) -> list[str]:
+    calls = [{"args": (i,), "when": 3600 + i, **kw} for i in range(n)]
+    return [h.id for h in apply_later_many(app, task, calls, strict=False)]
+
+
+def test_status_counts_pending_and_overdue(cli_app):
+    later(cli_app, 3)
+    past = datetime.now(timezone.utc) - timedelta(seconds=30)
+    for _ in range(2):
+        apply_later(cli_app, "e2e.mark", when=past, strict=False)
+    res = invoke(cli_app, "status", "--json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert len(data["shards"]) == 4
+    assert sum(r["pending"] for r in data["shards"]) == 5
+    assert sum(r["overdue"] for r in data["shards"]) == 2
+    assert max(r["oldest_overdue_ms"] for r in data["shards"]) >= 29_000
+    assert data["schedulers"] == []
+
+    res = invoke(cli_app, "status")
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.splitlines()
+    assert lines[0].split()[:4] == ["shard", "pending", "overdue", "inflight"]
+    assert len(lines) == 1 + 4 + 1
+    assert lines[-1].startswith("total: 5 pending, 2 overdue, next due ")
+    assert "oldest overdue" in res.stdout
+
+
+def test_list_filters_by_task_and_pages(cli_app):
+    marks = later(cli_app, 7)
+    sleeps = later(cli_app, 3, task="e2e.sleep")
+
+    res = invoke(cli_app, "list", "--task", "e2e.sleep")
+    assert res.exit_code == 0, res.output
+    rows = res.stdout.splitlines()
+    assert sorted(r.split()[0] for r in rows) == sorted(sleeps)
+    assert all("e2e.sleep" in r and f"queue={cli_app.conf.task_default_queue}" in r for r in rows)
+    assert "(3 shown, offset 0)" in res.stderr
+
+    seen: list[str] = []
+    for offset in (0, 4, 8):
+        res = invoke(cli_app, "list", "--limit", "4", "--offset", str(offset), "--json")
+        assert res.exit_code == 0, res.output
+        page = [json.loads(line) for line in res.stdout.splitlines()]
+        assert len(page) == (4 if offset < 8 else 2)
+        seen += [r["id"] for r in page]
+    assert len(seen) == len(set(seen)) == 10
+    assert set(seen) == set(marks) | set(sleeps)
+    res = invoke(cli_app, "list", "--limit", "4")
+    assert "next page: --offset 4" in res.stderr
+
+    res = invoke(cli_app, "list", "--limit", "0")
+    assert res.exit_code == 2 and "--limit" in res.output
+
+
+def test_show_and_cancel(cli_app):
+    (jid,) = later(cli_app, 1, shard_key="customer-1")
+    res = invoke(cli_app, "show", jid)
+    assert res.exit_code == 0, res.output
+    rec = json.loads(res.stdout)
+    assert rec["id"] == jid and rec["st"] == "SCHEDULED" and rec["task"] == "e2e.mark"
+    assert "msg" not in rec and "(" in rec["due"]  # epoch ms and ISO time
+
+    res = invoke(cli_app, "cancel", jid)
+    assert res.exit_code == 0, res.output
+    assert res.stdout.strip() == f"cancelled {jid} (was SCHEDULED)"
+    assert json.loads(invoke(cli_app, "show", jid).stdout)["st"] == "CANCELLED"
+
+    res = invoke(cli_app, "cancel", jid)
+    assert res.exit_code == 1 and "cannot cancel" in res.output and "CANCELLED" in res.output
+
+
+@pytest.mark.parametrize("command", ["show", "cancel"])
+def test_unknown_id_is_a_clear_error(cli_app, command):
+    res = invoke(cli_app, command, "no-such-job")
+    assert res.exit_code == 1
+    assert "no job with id 'no-such-job'" in res.output
+    assert "Traceback" not in res.output
+
+
+def test_unreachable_store_is_a_clear_error(uid):
+    app = make_app(f"redis://127.0.0.1:{free_port()}/0", uid)
+    res = invoke(app, "status")
+    assert res.exit_code == 1
+    assert "cannot reach the celery-delayed store" in res.output
+    assert "Traceback" not in res.output
+
+
+@pytest.mark.timeout(60)
+def test_celery_command_line(redis_url, uid):
+    """The ``celery.commands`` entry point: ``celery -A e2e_app delayed ...`` in a real process."""
+    prefix, queue = f"t{uid}", f"q{uid}"
+    app = make_app(redis_url, uid)
+    jid = apply_later(app, "e2e.mark", when=3600, strict=False).id
+
+    def celery(*args: str) -> subprocess.CompletedProcess[str]:
+        return run_celery(redis_url, prefix, queue, "delayed", *args)
+
+    res = celery("list")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split()[0] == jid
+    res = celery("show", "nope")
+    assert res.returncode == 1
+    assert "no job with id 'nope'" in res.stderr
+
+
+def test_run_with_a_bad_setting_says_which(redis_url, uid):
+    app = make_app(redis_url, uid, delayed_lease_ms="soon")
+    res = invoke(app, "run")
+    assert res.exit_code == 1
+    assert "delayed_lease_ms must be an int" in res.output
+    assert "Traceback" not in res.output

@@ -1,0 +1,221 @@
+"""The publish path: claim, publish with kombu, acknowledge (RabbitMQ; a separate Redis broker)."""
+
+from __future__ import annotations
+
+import collections
+import signal
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+from kombu import Connection, Exchange, Queue
+from support import Proc, SchedulerProcess, WorkerProcess, app_env, free_port, make_app, ran, wait_for
+
+from celery_delayed import apply_later, apply_later_many, get_store
+from celery_delayed.scheduler import PublishMover
+
+pytestmark = pytest.mark.e2e
+
+SHARDS = 16
+
+# A scheduler whose PublishMover SIGKILLs its own process after publishing its
+# first batch and before acknowledging it: the claims stay in flight.
+DIE_BEFORE_ACK = """
+import os, signal
+import e2e_app
+from celery_delayed.scheduler import Scheduler
+
+sched = Scheduler(e2e_app.app)
+sched.mover.before_ack = lambda batch: os.kill(os.getpid(), signal.SIGKILL)
+sched.run()
+"""
+
+
+@pytest.fixture
+def rabbit_queue(rabbitmq_url: str, uid: str) -> Iterator[str]:
+    """A unique queue name on RabbitMQ, deleted (with its exchange) after the test."""
+    name = f"q{uid}"
+    yield name
+    with Connection(rabbitmq_url) as conn:
+        ch = conn.default_channel
+        ch.queue_delete(name)
+        ch.exchange_delete(name)
+
+
+def inflight(client: redis.Redis, prefix: str) -> int:
+    return sum(int(client.zcard(f"{prefix}:{{{s}}}:inflight")) for s in range(SHARDS))
+
+
+def schedule(app, n: int, when) -> list[str]:
+    calls = [{"args": (i,), "when": when(i)} for i in range(n)]
+    return [h.id for h in apply_later_many(app, "e2e.mark", calls, strict=False)]
+
+
+def wait_all_ran(client: redis.Redis, prefix: str, ids: list[str], timeout: float = 60) -> collections.Counter:
+    wait_for(lambda: set(ran(client, prefix)) >= set(ids), timeout, interval=0.1, what=f"{len(ids)} jobs to run")
+    time.sleep(0.3)
+    return collections.Counter(ran(client, prefix))
+
+
+@pytest.mark.timeout(60)
+def test_publish_mover_publishes_with_confirms_to_rabbitmq(redis_url, rabbitmq_url, uid, rabbit_queue):
+    app = make_app(rabbitmq_url, uid, delayed_redis_url=redis_url, delayed_shards=SHARDS)
+    store = get_store(app)
+    assert not store.direct, "RabbitMQ broker: auto must pick the publish path"
+    h = apply_later(app, "e2e.mark", args=(7,), strict=False)
+    mover = PublishMover(app, store)
+    try:
+        batch = mover.move(h.shard, "", "", 10)
+        assert batch.ids == [h.id]
+        assert mover.confirms, "publisher confirms are off"
+        assert mover.confirmed == 1, "the broker's confirm was not received"
+    finally:
+        mover.close()
+    assert store.get(h.id)["st"] == "QUEUED"
+    assert inflight(store.client, app.conf.delayed_key_prefix) == 0
+    with Connection(rabbitmq_url) as conn, conn.SimpleQueue(rabbit_queue) as q:
+        msg = q.get(timeout=5)
+        assert msg.headers["id"] == h.id and msg.headers["task"] == "e2e.mark"
+        assert msg.headers["delayed_shard"] == h.shard
+        msg.ack()
+
+
+@pytest.mark.timeout(60)
+def test_refused_messages_stay_claimed(redis_url, rabbitmq_url, uid, rabbit_queue):
+    """RabbitMQ nacks publishes to a full queue (reject-publish): only the confirmed claims are acknowledged."""
+    full = Queue(rabbit_queue, Exchange(rabbit_queue), routing_key=rabbit_queue,
+                 queue_arguments={"x-max-length": 3, "x-overflow": "reject-publish"})
+    app = make_app(rabbitmq_url, uid, delayed_redis_url=redis_url, delayed_shards=1, task_queues=[full])
+    store = get_store(app)
+    ids = schedule(app, 5, lambda i: 0)
+    mover = PublishMover(app, store)
+    try:
+        batch = mover.move(0, "", "", 10)
+    finally:
+        mover.close()
+    assert sorted(batch.ids) == sorted(ids)
+    assert (mover.confirmed, mover.refused) == (3, 2)
+    states = collections.Counter(store.get(j)["st"] for j in ids)
+    assert states == {"QUEUED": 3, "CLAIMED": 2}
+    assert inflight(store.client, app.conf.delayed_key_prefix) == 2
+
+
+@pytest.mark.timeout(150)
+def test_publish_path_rabbitmq_end_to_end(redis_url, rabbitmq_url, uid, workers, rclient, rabbit_queue):
+    """Every job runs once; SIGTERM mid-stream strands no claimed job."""
+    conf = {"delayed_shards": SHARDS, "delayed_lease_ms": 2000}
+    app = make_app(rabbitmq_url, uid, delayed_redis_url=redis_url, **conf)
+    prefix = app.conf.delayed_key_prefix
+    assert not get_store(app).direct
+    w = WorkerProcess(rabbitmq_url, prefix, rabbit_queue, store=redis_url, conf=conf,
+                      concurrency=4, pool="threads")
+    workers.append(w)
+    s1 = SchedulerProcess(rabbitmq_url, prefix, rabbit_queue, store=redis_url, conf=conf)
+    workers.append(s1)
+    w.wait_ready()
+    ids = schedule(app, 600, lambda i: 3.0 * i / 600)
+    time.sleep(1.5)
+    s1.proc.send_signal(signal.SIGTERM)
+    s1.proc.wait(10)
+    assert s1.proc.returncode == 0, s1.output()[-3000:]
+    assert inflight(rclient, prefix) == 0, "a stopped scheduler left claims in flight"
+    released_before = sum(1 for j in ids if get_store(app).get(j)["st"] != "SCHEDULED")
+    assert 0 < released_before < len(ids), s1.output()[-3000:]
+    s2 = SchedulerProcess(rabbitmq_url, prefix, rabbit_queue, store=redis_url, conf=conf)
+    workers.append(s2)
+    counts = wait_all_ran(rclient, prefix, ids)
+    print(f"\nRabbitMQ publish path: {len(ids)} jobs, {released_before} released before SIGTERM, "
+          f"duplicates {sum(v - 1 for v in counts.values())}")
+    assert set(counts) == set(ids)
+    assert max(counts.values()) == 1
+    assert inflight(rclient, prefix) == 0
+
+
+@pytest.mark.timeout(150)
+def test_publish_path_scheduler_killed_between_publish_and_ack(
+    redis_url, rabbitmq_url, uid, workers, rclient, rabbit_queue
+):
+    """The claim lease expires, another scheduler claims and publishes again: nothing is lost."""
+    conf = {"delayed_shards": SHARDS, "delayed_lease_ms": 2000, "delayed_claim_lease_ms": 1000}
+    app = make_app(rabbitmq_url, uid, delayed_redis_url=redis_url, **conf)
+    prefix = app.conf.delayed_key_prefix
+    ids = schedule(app, 64, lambda i: 0.5)
+    doomed = Proc([sys.executable, "-c", DIE_BEFORE_ACK], app_env(rabbitmq_url, prefix, rabbit_queue, redis_url, conf))
+    workers.append(doomed)  # type: ignore[arg-type]
+    doomed.proc.wait(30)
+    assert doomed.proc.returncode == -signal.SIGKILL, doomed.output()[-3000:]
+    stranded = inflight(rclient, prefix)
+    assert stranded > 0, "the killed scheduler left nothing in flight"
+    killed_at = time.monotonic()
+
+    # The worker starts after the re-claim, so that the stale claims are still
+    # CLAIMED (not yet run from the first publish) and must be published again.
+    workers.append(SchedulerProcess(rabbitmq_url, prefix, rabbit_queue, store=redis_url, conf=conf))
+    wait_for(lambda: inflight(rclient, prefix) == 0, 30, interval=0.05, what="the stale claims to be re-published")
+    recovered = time.monotonic() - killed_at
+    w = WorkerProcess(rabbitmq_url, prefix, rabbit_queue, store=redis_url, conf=conf, concurrency=4, pool="threads")
+    workers.append(w)
+    counts = wait_all_ran(rclient, prefix, ids)
+    store = get_store(app)
+    twice = [j for j in ids if int(store.get(j).get("claims", 0)) > 1]
+    print(f"\nkilled between publish and ack: {stranded} claims stranded, re-published "
+          f"{recovered:.2f}s after the kill; {len(ids)} jobs, 0 lost, "
+          f"{sum(v - 1 for v in counts.values())} duplicate runs")
+    assert set(counts) == set(ids), "jobs lost"
+    assert len(twice) == stranded
+    assert not [j for j in ids if store.get(j)["st"] in ("SCHEDULED", "CLAIMED")]
+
+
+@pytest.mark.timeout(120)
+def test_publish_path_with_a_separate_redis_broker(redis_url, uid, workers, rclient):
+    """Store on db 0, broker on db 1 of the private server: auto picks the publish path."""
+    broker = redis_url.rsplit("/", 1)[0] + "/1"
+    conf = {"delayed_shards": SHARDS}
+    app = make_app(broker, uid, delayed_redis_url=redis_url, **conf)
+    prefix, queue = app.conf.delayed_key_prefix, app.conf.task_default_queue
+    assert not get_store(app).direct
+    w = WorkerProcess(broker, prefix, queue, store=redis_url, conf=conf, concurrency=4, pool="threads")
+    workers.append(w)
+    workers.append(SchedulerProcess(broker, prefix, queue, store=redis_url, conf=conf))
+    ids = schedule(app, 300, lambda i: 2.0 * i / 300)
+    counts = wait_all_ran(rclient, prefix, ids)
+    assert set(counts) == set(ids) and max(counts.values()) == 1
+    assert inflight(rclient, prefix) == 0
+    assert rclient.llen(queue) == 0, "nothing may go to the store's database"
+
+
+@pytest.mark.timeout(90)
+def test_broker_down_keeps_the_claims_and_stops_promptly(redis_url, rabbitmq_url, uid, workers, rclient,
+                                                         rabbit_queue):
+    """RabbitMQ unreachable: the scheduler logs and backs off without claiming anything, SIGTERM still
+    stops it at once, and the next scheduler publishes every job."""
+    conf = {"delayed_shards": SHARDS, "delayed_claim_lease_ms": 1000}
+    down = f"amqp://guest:guest@127.0.0.1:{free_port()}//"
+    app = make_app(rabbitmq_url, uid, delayed_redis_url=redis_url, **conf)
+    prefix = app.conf.delayed_key_prefix
+    ids = schedule(app, 20, lambda i: 0)
+    s1 = SchedulerProcess(down, prefix, rabbit_queue, store=redis_url, conf=conf)
+    workers.append(s1)
+    wait_for(lambda: s1.output().count("unavailable") >= 2, 30, what="the scheduler to report the broker down")
+    assert s1.proc.poll() is None
+    t0 = time.monotonic()
+    s1.proc.send_signal(signal.SIGTERM)
+    s1.proc.wait(10)
+    stopped = time.monotonic() - t0
+    assert s1.proc.returncode == 0 and stopped < 3.0, (stopped, s1.output()[-3000:])
+    states = collections.Counter(get_store(app).get(j)["st"] for j in ids)
+    assert states == {"SCHEDULED": len(ids)}, "jobs were claimed although the broker was down"
+
+    workers.append(SchedulerProcess(rabbitmq_url, prefix, rabbit_queue, store=redis_url, conf=conf))
+    wait_for(lambda: inflight(rclient, prefix) == 0 and all(
+        get_store(app).get(j)["st"] == "QUEUED" for j in ids), 30, what="the claims to be published")
+    with Connection(rabbitmq_url) as conn, conn.SimpleQueue(rabbit_queue) as q:
+        got = set()
+        while len(got) < len(ids):
+            msg = q.get(timeout=5)
+            got.add(msg.headers["id"])
+            msg.ack()
+    assert got == set(ids)
+    print(f"\nbroker down: SIGTERM honoured in {stopped * 1000:.0f} ms; {len(ids)} jobs published after")

@@ -1,0 +1,222 @@
+"""Retries through the store: retry.lua on a real Redis, and real workers retrying with backoff."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from celery.exceptions import Ignore, Retry
+from support import SchedulerProcess, WorkerProcess, make_app, wait_for
+from support.retry import QueueWatch, runs
+
+from celery_delayed import DelayedTask, apply_later, get_store
+from celery_delayed.errors import ConfigurationError, InvalidOption, InvalidWhen
+from celery_delayed.vocab import Reply
+from celery_delayed.worker.backoff import Backoff, rng_for
+
+SEED = 20261130
+
+
+def _job(store: Any, job_id: str) -> dict[str, str]:
+    return store.get(job_id)
+
+
+# -- retry.lua ------------------------------------------------------------------
+
+
+def test_retry_script_reschedules_a_released_job(app, rclient):
+    store = get_store(app)
+    h = apply_later(app, "x.task", args=(1,), when=0, strict=False)
+    batch = store.release_due(h.shard, now_ms=store.now_ms() + 10)
+    assert batch.ids == [h.id]
+    assert rclient.pttl(store.keys.shard(h.shard).job(h.id)) > 0
+    out = store.retry(h.id, h.shard, "+5000", 1, {"msg": "M", "etype": "E"}, now_ms=1000)
+    assert (out.code, out.state, out.due_ms) == (Reply.OK, "QUEUED", 6000)
+    rec = _job(store, h.id)
+    assert rec["st"] == "SCHEDULED" and rec["retries"] == "1" and rec["due"] == "6000" and rec["etype"] == "E"
+    assert rclient.pttl(store.keys.shard(h.shard).job(h.id)) == -1  # no longer expiring
+    assert rclient.zscore(store.keys.shard(h.shard).due, h.id) == 6000
+    # a second retry of the same attempt (duplicate delivery) changes nothing
+    assert store.retry(h.id, h.shard, "+1", 1, {"msg": "N"}, now_ms=2000).code == Reply.UNCHANGED == 2
+    assert rclient.hget(store.keys.shard(h.shard).job(h.id), "msg") == "M"
+
+
+def test_retry_script_refuses_cancelled_and_foreign_lease(app, rclient):
+    store = get_store(app)
+    h = apply_later(app, "x.task", when=60, strict=False)
+    store.cancel(h.id)
+    out = store.retry(h.id, h.shard, "+1", 1, {"msg": "M"})
+    assert (out.code, out.state) == (Reply.WRONG_STATE, "CANCELLED")
+    jk = store.keys.shard(h.shard).job("running-1")
+    rclient.hset(jk, mapping={"st": "RUNNING", "lo": "owner-a", "lu": "1"})
+    assert store.retry("running-1", h.shard, "+1", 1, {"msg": "M"}, owner="owner-b").code == Reply.NOT_OWNER
+    assert store.retry("running-1", h.shard, "+1", 1, {"msg": "M"}, owner="owner-a").code == Reply.OK
+    assert rclient.hmget(jk, "st", "lo", "lu") == ["SCHEDULED", None, None]
+
+
+def test_retry_script_creates_a_missing_record_and_fail_marks_failed(app, rclient):
+    store = get_store(app)
+    out = store.retry("fresh", 0, "+100", 2, {"msg": "M", "task": "t"})
+    assert (out.code, out.state) == (Reply.OK, "")
+    rec = _job(store, "fresh")
+    assert rec["st"] == "SCHEDULED" and rec["retries"] == "2" and "created" in rec
+    assert store.fail("fresh", 0, {"etype": "E"}).code == Reply.WRONG_STATE  # a retry is pending
+    jk = store.keys.shard(0).job("gone-wrong")
+    rclient.hset(jk, mapping={"st": "QUEUED", "msg": "M"})
+    out = store.fail("gone-wrong", 0, {"etype": "KeyError", "emsg": "x"})
+    assert (out.code, out.state) == (Reply.OK, "QUEUED")
+    assert rclient.hmget(jk, "st", "etype", "msg") == ["FAILED", "KeyError", None]
+    assert rclient.pttl(jk) > 0
+
+
+# -- real workers ------------------------------------------------------------------
+
+
+def _start(redis_url: str, uid: str, workers: list[Any], **conf: Any) -> tuple[Any, str, str]:
+    conf = {"imports": ["retry_tasks"], **conf}
+    app = make_app(redis_url, uid, **conf)
+    prefix, queue = app.conf.delayed_key_prefix, app.conf.task_default_queue
+    w = WorkerProcess(redis_url, prefix, queue, conf=conf, concurrency=1, pool="solo")
+    workers.append(w)
+    workers.append(SchedulerProcess(redis_url, prefix, queue, conf=conf))
+    w.wait_ready()
+    return app, prefix, queue
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(90)
+def test_fails_twice_then_succeeds_with_the_documented_delays(redis_url, uid, workers, rclient):
+    conf = {"delayed_backoff": "equal", "delayed_backoff_base_s": 1.0, "delayed_backoff_seed": SEED}
+    app, prefix, queue = _start(redis_url, uid, workers, **conf)
+    h = apply_later(app, "rt.flaky", args=(2,), when=0.3, strict=False)
+    watch = QueueWatch(rclient, queue, h.id)
+    wait_for(lambda: len(runs(rclient, prefix, h.id)) >= 3, 30, what="three runs")
+    time.sleep(0.3)
+    seen = watch.stop()
+    got = runs(rclient, prefix, h.id)
+    assert [r for r, _ in got] == [0, 1, 2], got  # the retries header of each attempt
+    # The documented delays: equal jitter, base 1 s, factor 2, seeded per job and retry.
+    policy = Backoff("equal", 1.0, 2.0, 600.0)
+    expected = [policy.delay(n, rng=rng_for(SEED, h.id, n)) for n in (1, 2)]
+    gaps = [got[1][1] - got[0][1], got[2][1] - got[1][1]]
+    print(f"expected delays {expected}, observed gaps {gaps}")
+    for want, gap in zip(expected, gaps, strict=True):
+        assert want <= gap <= want + 0.75, (expected, gaps)
+    # Every message of this job that appeared in the queue was due (no eta) and
+    # carried its attempt in the retries header.
+    assert sorted(hd["retries"] for hd in seen) == [0, 1, 2], seen
+    assert all(hd.get("eta") is None for hd in seen), seen
+    rec = get_store(app).get(h.id)
+    assert rec["retries"] == "2" and rec["etype"].endswith("Flaky")
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(90)
+def test_retry_later_countdown_and_a_final_failure(redis_url, uid, workers, rclient):
+    app, prefix, _queue = _start(redis_url, uid, workers)
+    store = get_store(app)
+    manual = apply_later(app, "rt.manual", args=(1, 0.8), when=0, strict=False)
+    broken = apply_later(app, "rt.broken", when=0, strict=False)
+    wait_for(lambda: len(runs(rclient, prefix, manual.id)) >= 2, 30, what="the manual retry")
+    got = runs(rclient, prefix, manual.id)
+    assert [r for r, _ in got] == [0, 1]
+    assert 0.8 <= got[1][1] - got[0][1] <= 1.6
+    assert store.get(manual.id)["etype"] == "builtins.ConnectionError"
+    # KeyError is not in autoretry_for: one run, FAILED, not dead-lettered
+    wait_for(lambda: store.get(broken.id).get("st") == "FAILED", 20, what="FAILED")
+    rec = store.get(broken.id)
+    assert rec["etype"] == "builtins.KeyError" and "not retryable" in rec["emsg"] and "KeyError" in rec["tb"]
+    assert len(runs(rclient, prefix, broken.id)) == 1
+    assert rclient.zcard(store.keys.shard(int(rec["shard"])).dlq) == 0
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(90)
+def test_retries_on_the_publish_path_with_rabbitmq(rabbitmq_url, redis_url, uid, workers, rclient):
+    """RabbitMQ broker, Redis store: the retry is stored, claimed and published by the scheduler."""
+    conf = {"imports": ["retry_tasks"], "delayed_backoff": "fixed", "delayed_backoff_base_s": 0.5}
+    app = make_app(rabbitmq_url, uid, delayed_redis_url=redis_url, **conf)
+    prefix, queue = app.conf.delayed_key_prefix, app.conf.task_default_queue
+    store = get_store(app)
+    assert not store.direct
+    w = WorkerProcess(rabbitmq_url, prefix, queue, store=redis_url, conf=conf, concurrency=1, pool="solo")
+    workers.append(w)
+    workers.append(SchedulerProcess(rabbitmq_url, prefix, queue, store=redis_url, conf=conf))
+    w.wait_ready()
+    h = apply_later(app, "rt.flaky", args=(1,), when=0, strict=False)
+    wait_for(lambda: len(runs(rclient, prefix, h.id)) >= 2, 30, what="two runs")
+    got = runs(rclient, prefix, h.id)
+    assert [r for r, _ in got] == [0, 1]
+    assert got[1][1] - got[0][1] >= 0.5
+    wait_for(lambda: store.get(h.id)["st"] == "SUCCEEDED", 10, what="SUCCEEDED")
+    rec = store.get(h.id)
+    assert rec["retries"] == "1" and "lk" not in rec  # published by kombu, not pushed by Lua
+
+
+# -- the failure decision, in process (a pushed worker request, the real store) ----
+
+
+class Boom(ValueError):
+    pass
+
+
+def _running(app: Any, retries: int = 0, **attrs: Any) -> tuple[Any, Any]:
+    """A DelayedTask with a pushed worker request for a released job at attempt ``retries + 1``."""
+    name = f"t.decide.{len(app.tasks)}"
+
+    def body(self: Any) -> None:
+        return None
+
+    task = app.task(base=DelayedTask, bind=True, name=name, shared=False, **attrs)(body)
+    store = get_store(app)
+    h = apply_later(app, name, when=0)
+    store.release_due(h.shard, now_ms=store.now_ms() + 10)
+    task.push_request(id=h.id, called_directly=False, is_eager=False, retries=retries, hostname="w@test",
+                      args=(), kwargs={}, delivery_info={"exchange": "", "routing_key": app.conf.task_default_queue},
+                      delayed_shard=h.shard)
+    return task, h
+
+
+def _decide(app: Any, exc: BaseException, retries: int = 0, **attrs: Any) -> tuple[str, dict[str, str]]:
+    """Run delayed_handle_failure for a released job at attempt ``retries + 1``; return (outcome, record)."""
+    task, h = _running(app, retries, **attrs)
+    store = get_store(app)
+    try:
+        task.delayed_handle_failure(exc, None)
+        outcome = "returned"
+    except Retry:
+        outcome = "retry"
+    finally:
+        task.pop_request()
+    return outcome, store.get(h.id)
+
+
+def test_failure_decision(app):
+    out, rec = _decide(app, Boom("x"), autoretry_for=(Boom,), max_attempts=3)
+    assert out == "retry" and rec["st"] == "SCHEDULED" and rec["retries"] == "1"
+    out, rec = _decide(app, Boom("x"), retries=2, autoretry_for=(Boom,), max_attempts=3)
+    assert out == "returned" and rec["st"] == "DEAD" and rec["attempts"] == "3"
+    out, rec = _decide(app, KeyError("k"), autoretry_for=(Boom,))
+    assert out == "returned" and rec["st"] == "FAILED" and rec["etype"] == "builtins.KeyError"
+    out, rec = _decide(app, KeyError("k"), dlq_all_failures=True)
+    assert out == "returned" and rec["st"] == "DEAD"
+    out, rec = _decide(app, Boom("x"), autoretry_for=(ValueError,), dont_autoretry_for=(Boom,))
+    assert rec["st"] == "FAILED"
+    out, rec = _decide(app, Ignore())
+    assert out == "returned" and rec["st"] == "QUEUED"  # not a failure
+
+
+@pytest.mark.parametrize(("call", "error"), [
+    ({"countdown": -1}, InvalidWhen), ({"bogus": 1}, InvalidOption), ({"backoff": "linear"}, ConfigurationError),
+    ({"max_attempts": 0}, ConfigurationError),
+])
+def test_retry_later_bad_input_writes_nothing(app, call, error):
+    task, h = _running(app)
+    try:
+        before = get_store(app).get(h.id)
+        with pytest.raises(error):
+            task.retry_later(exc=Boom("x"), **call)
+        assert get_store(app).get(h.id) == before
+    finally:
+        task.pop_request()

@@ -1,0 +1,79 @@
+"""The scheduler loop in-process, on the real store: wake-up races, stopping, leaving."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from support import make_app, wait_for
+
+from celery_delayed import apply_later, get_store
+from celery_delayed.scheduler import DirectMover, Scheduler
+from celery_delayed.store import Batch
+
+
+class WakeDuringMove(DirectMover):
+    """Releases for real, then lets a job be scheduled earlier and its wake-up arrive before returning.
+
+    The move's result (next due: the far job) predates the wake-up: the loop
+    must not let the stale result overwrite it.
+    """
+
+    def __init__(self, sched: Scheduler, app) -> None:
+        super().__init__(app, sched.store)
+        self.sched, self.app = sched, app
+        self.early: object = None
+
+    def move(self, shard: int, owner: str, fence: str, limit: int) -> Batch:
+        batch = super().move(shard, owner, fence, limit)
+        if self.early is None and batch.next_due_ms is not None:
+            h = apply_later(self.app, "e2e.mark", when=0.05, task_id=f"early-{shard}", strict=False,
+                            shard_key=f"s{shard}")
+            # The listener thread delivers the wake-up while this move is in flight.
+            self.sched._on_due(h.shard, float(h.due_ms))
+            self.early = h
+        return batch
+
+
+@pytest.mark.timeout(30)
+def test_a_wakeup_during_a_move_is_not_overwritten(redis_url, uid):
+    app = make_app(redis_url, uid, delayed_shards=1)
+    far = apply_later(app, "e2e.mark", when=3600, strict=False)
+    sched = Scheduler(app)
+    sched.mover = mover = WakeDuringMove(sched, app)
+    try:
+        sched._heartbeat()
+        assert list(sched.shards) == [0]
+        sched.release_due()
+        assert mover.early is not None
+        early = mover.early
+        assert sched.next_due[0] == float(early.due_ms), "the stale next-due overwrote the wake-up"
+        assert sched._sleep_s() < 0.1
+        time.sleep(0.06)
+        assert sched.release_due() == 1
+        assert get_store(app).get(early.id)["st"] != "SCHEDULED"
+        assert get_store(app).get(far.id)["st"] == "SCHEDULED"
+    finally:
+        sched.store.heartbeat(sched.owner, leave=True)
+        sched.mover.close()
+
+
+@pytest.mark.timeout(30)
+def test_stop_is_prompt_and_leaves_the_membership(redis_url, uid, rclient):
+    app = make_app(redis_url, uid, delayed_shards=4)
+    apply_later(app, "e2e.mark", when=3600, strict=False)
+    sched = Scheduler(app)
+    thread = threading.Thread(target=sched.run, daemon=True)
+    thread.start()
+    wait_for(lambda: sched.ready.is_set() and sched.listening, 10, what="the scheduler to start")
+    assert sorted(sched.shards) == [0, 1, 2, 3]
+    assert rclient.zcard(f"{app.conf.delayed_key_prefix}:schedulers") == 1
+    time.sleep(0.2)  # asleep toward the far job
+    t0 = time.monotonic()
+    sched.stop()
+    thread.join(5)
+    took = time.monotonic() - t0
+    assert not thread.is_alive()
+    assert took < 1.5, f"stop took {took:.2f}s"
+    assert rclient.zcard(f"{app.conf.delayed_key_prefix}:schedulers") == 0

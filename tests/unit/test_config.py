@@ -1,0 +1,73 @@
+"""One table of settings: the config object, the validation and the README agree with it."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+from celery import Celery
+
+from celery_delayed.config import SETTINGS, DelayedConfig, resolve, settings_table
+from celery_delayed.errors import ConfigurationError
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def _readme_rows() -> dict[str, tuple[str, str]]:
+    rows = {}
+    for line in README.read_text().splitlines():
+        m = re.match(r"\| `(delayed_[a-z_]+)` \| ([^|]+) \| ([^|]+) \|", line)
+        if m:
+            rows[m.group(1)] = (m.group(2).strip(), m.group(3).strip())
+    return rows
+
+
+def test_config_fields_are_the_settings_table():
+    assert [f.name for f in fields(DelayedConfig)] == [s.key for s in SETTINGS]
+
+
+def test_readme_holds_the_generated_settings_table():
+    assert settings_table() in README.read_text(), (
+        "README's settings table is not config.settings_table(): paste its output into the README")
+
+
+def test_readme_settings_table_agrees_with_the_code():
+    rows = _readme_rows()
+    assert set(rows) == {s.name for s in SETTINGS}, "README's settings table and config.SETTINGS differ"
+    for s in SETTINGS:
+        kind, default = rows[s.name]
+        assert kind.split(",")[0] == s.kind.__name__, (s.name, kind)
+        if s.key == "redis_url":
+            assert default == "`broker_url`"
+            continue
+        shown = default.split(" ")[0].strip("`").replace(",", "")
+        assert shown == (repr(s.default) if isinstance(s.default, str) else str(s.default)).replace("'", '"'), (
+            s.name, default)
+
+
+def test_each_setting_is_validated():
+    for s in SETTINGS:
+        if s.kind is bool:
+            bad: object = "yes"
+        elif s.kind is str:
+            bad = 5
+        else:
+            bad = "5"
+        app = Celery(set_as_current=False, broker="redis://127.0.0.1:1/0")
+        app.conf[s.name] = bad
+        with pytest.raises(ConfigurationError, match=s.name):
+            DelayedConfig.from_app(app)
+
+
+def test_resolve_precedence():
+    cfg = DelayedConfig.defaults(redis_url="redis://x")
+
+    class Task:
+        max_attempts = 7
+
+    assert resolve(3, Task, "max_attempts", cfg) == 3
+    assert resolve(None, Task, "max_attempts", cfg) == 7
+    assert resolve(None, object(), "max_attempts", cfg) == cfg.max_attempts == 4
+    assert resolve(None, None, "max_lateness", cfg, "max_lateness_s") is None

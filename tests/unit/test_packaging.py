@@ -1,0 +1,94 @@
+"""The built wheel, installed in a fresh venv, ships and finds its Lua scripts and py.typed."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Runs inside the venv, from a folder outside the repository: it must import
+# the installed package, find the Lua scripts inside it, and run them.
+SNIPPET = r"""
+import json, sys, uuid
+from pathlib import Path
+import celery_delayed
+from celery import Celery
+from celery_delayed import get_store
+from celery_delayed.producer.jobs import prepare
+from celery_delayed.store.loader import lua_dir
+
+pkg = Path(celery_delayed.__file__).resolve().parent
+app = Celery("pkgtest", broker=sys.argv[1], set_as_current=False)
+uid = uuid.uuid4().hex[:10]
+app.conf.update(delayed_key_prefix="pkg" + uid, task_default_queue="q" + uid)
+store = get_store(app)
+job = prepare(app, "pkg.noop", (1,), {}, 0, task_id="job-" + uid).job
+scheduled = store.schedule([job], now_ms=1_000)[0]
+batch = store.release_due(job.shard, now_ms=2_000)
+client = store.client
+print(json.dumps({
+    "package": str(pkg),
+    "lua_dir": str(lua_dir()),
+    "py_typed": (pkg / "py.typed").is_file(),
+    "scripts": sorted(p.name for p in lua_dir().glob("*.lua")),
+    "created": scheduled.created,
+    "released": batch.ids,
+    "queued": client.llen("q" + uid),
+    "state": store.get(job.id, job.shard)["st"],
+}))
+"""
+
+
+def _run(args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+def _build_wheel(out: Path) -> Path:
+    if importlib.util.find_spec("hatchling") is not None:
+        # No build isolation: no network needed (hatchling is in the test extra).
+        cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(out), str(ROOT)]
+    else:
+        cmd = [sys.executable, "-m", "build", "--wheel", "--outdir", str(out), str(ROOT)]
+    _run(cmd, out, 150)
+    wheels = list(out.glob("celery_delayed-*.whl"))
+    assert len(wheels) == 1, wheels
+    return wheels[0]
+
+
+@pytest.mark.timeout(240)
+def test_installed_wheel_finds_its_lua_scripts(tmp_path: Path, redis_url: str) -> None:
+    wheel = _build_wheel(tmp_path)
+
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
+    py = env_dir / "bin" / "python"
+    # The venv gets no pip of its own (no network, faster): the system pip,
+    # run by the venv's interpreter (or told --python), installs into it.
+    has_pip = subprocess.run([str(py), "-m", "pip", "--version"], capture_output=True).returncode == 0
+    pip = [str(py), "-m", "pip"] if has_pip else [sys.executable, "-m", "pip", "--python", str(py)]
+    _run([*pip, "install", "--no-deps", "--no-index", "--ignore-installed", str(wheel)], tmp_path, 120)
+
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    proc = _run([str(py), "-I", "-c", SNIPPET, redis_url], outside, 60)
+    info = json.loads(proc.stdout.strip().splitlines()[-1])
+
+    pkg = Path(info["package"])
+    assert env_dir.resolve() in pkg.parents, f"imported {pkg}, not the venv's installed copy"
+    assert "site-packages" in pkg.parts
+    assert ROOT not in pkg.parents
+    assert Path(info["lua_dir"]) == pkg / "lua"
+    assert info["py_typed"] is True
+    assert {"schedule.lua", "release_due.lua", "claim_due.lua", "cancel.lua"} <= set(info["scripts"])
+    assert info["created"] is True
+    assert len(info["released"]) == 1 and info["queued"] == 1
+    assert info["state"] == "QUEUED"
