@@ -9,7 +9,7 @@ Celery; :func:`install` wires an app (see :mod:`celery_delayed.plugin`).
 from __future__ import annotations
 
 # Scheduling and job operations
-from .api import apply_later, apply_later_many, cancel, cancel_by_key, job_id_for_key, reschedule
+from .api import apply_later, apply_later_many, cancel, cancel_by_key, job_id_for_key, lookup, reschedule
 
 # Settings
 from .config import DelayedConfig, get_config
@@ -24,6 +24,7 @@ from .errors import (
     InvalidWhen,
     JobNotFound,
     LeaseLost,
+    Misfired,
     PayloadTooLarge,
     SerializationError,
     StoreFull,
@@ -57,6 +58,7 @@ __all__ = [
     "JobNotFound",
     "JobState",
     "LeaseLost",
+    "Misfired",
     "PayloadTooLarge",
     "SerializationError",
     "Store",
@@ -72,6 +74,7 @@ __all__ = [
     "get_store",
     "install",
     "job_id_for_key",
+    "lookup",
     "reschedule",
 ]
 __version__ = "0.1.0"

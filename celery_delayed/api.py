@@ -12,21 +12,41 @@ from typing import Any
 
 from celery import Celery
 
+from .cancellation import cancel_job
 from .errors import DuplicateJob, InvalidOption
 from .producer.jobs import PlainCalls, Prepared, job_id_for_key, lookup_task, prepare, refuse_taken
 from .producer.message import task_defaults
 from .result import DelayedResult
 from .store import NewJob, get_store
 from .timeutil import due_spec
+from .vocab import Field, JobState
 
-__all__ = ["apply_later", "apply_later_many", "cancel", "cancel_by_key", "job_id_for_key", "reschedule"]
+__all__ = ["apply_later", "apply_later_many", "cancel", "cancel_by_key", "job_id_for_key", "lookup", "reschedule"]
+
+
+#: How often a call tries the next generation of an idempotency key whose job another call cancels meanwhile.
+_GENERATION_TRIES = 5
 
 
 def _store_prepared(app: Celery, prepared: Sequence[Prepared]) -> list[DelayedResult]:
-    """Store prepared jobs (one round trip) and return their handles."""
+    """Store prepared jobs (one round trip) and return their handles.
+
+    A job with an idempotency key whose previous job was cancelled is stored
+    again as that job's next generation (one more round trip, only then): a
+    cancel frees the key.
+    """
     store = get_store(app)
+    results = store.schedule([p.job for p in prepared])
+    for _ in range(_GENERATION_TRIES):
+        again = [(i, p.regenerate) for i, (p, res) in enumerate(zip(prepared, results, strict=True))
+                 if not res.created and p.regenerate is not None and res.state == JobState.CANCELLED]
+        if not again:
+            break
+        redo = [regenerate(results[i].generation + 1) for i, regenerate in again]
+        for (i, _), res in zip(again, store.schedule([p.job for p in redo]), strict=True):
+            results[i] = res
     out = []
-    for p, res in zip(prepared, store.schedule([p.job for p in prepared]), strict=True):
+    for p, res in zip(prepared, results, strict=True):
         if not res.created and not p.idempotent:
             raise DuplicateJob(res.id, res.state)
         out.append(DelayedResult(res.id, store=store, shard=res.shard, due_ms=res.due_ms, created=res.created))
@@ -125,6 +145,10 @@ def apply_later_many(
 def cancel(app: Celery, job_id: str, *, terminate: bool = False, signal: str = "SIGTERM") -> str:
     """Cancel job ``job_id``; return the state it had (SCHEDULED, CLAIMED or QUEUED).
 
+    The job is then reported as Celery reports a revoked task: REVOKED in the
+    result backend, so ``AsyncResult(job_id).get()`` raises
+    ``TaskRevokedError`` at once, and a ``task-revoked`` event.
+
     A RUNNING job is not cancelled (InvalidState with state RUNNING) unless
     ``terminate`` is set: then its record becomes CANCELLED and Celery's
     ``app.control.revoke(job_id, terminate=True, signal=signal)`` asks the
@@ -137,10 +161,7 @@ def cancel(app: Celery, job_id: str, *, terminate: bool = False, signal: str = "
         InvalidState: it is finished or cancelled already, or running
             (without ``terminate``).
     """
-    prev = get_store(app).cancel(job_id, running=terminate)
-    if prev == "RUNNING":
-        app.control.revoke(job_id, terminate=True, signal=signal)
-    return prev
+    return cancel_job(get_store(app), job_id, terminate=terminate, signal=signal)
 
 
 def cancel_by_key(app: Celery, idempotency_key: str) -> str:
@@ -151,3 +172,15 @@ def cancel_by_key(app: Celery, idempotency_key: str) -> str:
 def reschedule(app: Celery, job_id: str, when: object) -> int:
     """Move a still-scheduled job to ``when``; return its new due time (epoch ms)."""
     return get_store(app).reschedule(job_id, due_spec(when, app.timezone))
+
+
+def lookup(app: Celery, job_id: str) -> DelayedResult:
+    """The handle of an existing job, from its id (in any process): its state and ETA are read from the store.
+
+    Raises:
+        JobNotFound: no such job (or its record expired).
+    """
+    store = get_store(app)
+    rec = store.get(job_id)
+    return DelayedResult(job_id, store=store, shard=int(rec["shard"]), due_ms=int(float(rec[Field.DUE])),
+                         created=False)

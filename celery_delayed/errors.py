@@ -97,3 +97,11 @@ def raise_for(code: int, job_id: str, state: str, operation: str) -> None:
         raise InvalidState(job_id, f"{state} without a stored message", operation)
     if code < 0:
         raise InvalidState(job_id, state, operation)
+
+
+class Misfired(DelayedError):
+    """The job was released later than its ``max_lateness`` and the misfire policy dead-lettered it.
+
+    Stored in the result backend as the job's failure, so ``AsyncResult.get()``
+    raises it.
+    """

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from celery import Celery, current_app
 from celery.result import AsyncResult
 from vine import promise
 
+from .cancellation import cancel_job
 from .errors import InvalidState, JobNotFound
+from .store import Store, get_store
 from .timeutil import due_spec, from_ms
-
-if TYPE_CHECKING:
-    from .store import Store
+from .vocab import Field
 
 
 class DelayedResult(AsyncResult):  # type: ignore[misc]
@@ -21,12 +22,19 @@ class DelayedResult(AsyncResult):  # type: ignore[misc]
     ``id`` is the Celery task id (also the job id); ``eta`` the due time (an
     aware UTC datetime, by the Redis server's clock); ``created`` is False
     when the job existed already (same ``idempotency_key``).
+
+    Any process can make one from a job id, as with ``AsyncResult``:
+    ``DelayedResult(job_id, app=app)`` (what it does not know, it reads from
+    the store when asked), or :func:`celery_delayed.lookup`, which checks
+    that the job exists.
     """
 
     def __init__(
-        self, id: str, *, store: Store, shard: int, due_ms: int, created: bool = True,
-        **kwargs: Any,
+        self, id: str, *, store: Store | None = None, shard: int | None = None, due_ms: int | None = None,
+        created: bool = True, app: Celery | None = None, **kwargs: Any,
     ) -> None:
+        if store is None:
+            store = get_store(app if app is not None else current_app._get_current_object())
         if id is None or not kwargs.keys() <= {"backend", "parent"}:
             super().__init__(id, app=store.app, **kwargs)
         else:
@@ -58,7 +66,10 @@ class DelayedResult(AsyncResult):  # type: ignore[misc]
 
     @property
     def eta(self) -> datetime:
-        """When the job is due (aware, UTC)."""
+        """When the job is due (aware, UTC); read from the store when the handle does not know it."""
+        if self.due_ms is None:
+            rec = self.job()
+            self.due_ms = int(float(rec[Field.DUE]))
         return from_ms(self.due_ms)
 
     def cancel(self, terminate: bool = False, signal: str = "SIGTERM") -> bool:
@@ -71,11 +82,9 @@ class DelayedResult(AsyncResult):  # type: ignore[misc]
         (see :func:`celery_delayed.cancel`).
         """
         try:
-            prev = self.store.cancel(self.id, self.shard, running=terminate)
+            cancel_job(self.store, self.id, self.shard, terminate=terminate, signal=signal)
         except (InvalidState, JobNotFound):
             return False
-        if prev == "RUNNING":
-            self.store.app.control.revoke(self.id, terminate=True, signal=signal)
         return True
 
     def reschedule(self, when: object) -> datetime:

@@ -112,6 +112,7 @@ class Field:
     ATTEMPTS = "attempts"
     REQUEUED = "requeued"
     REQUEUED_AT = "requeued_at"
+    GENERATION = "gen"
 
 
 #: Record fields that hold epoch-ms times (shown as dates by the CLI).
@@ -124,6 +125,9 @@ TIME_FIELDS = (
 SHARD_HEADER = "delayed_shard"
 #: The message header that carries the backoff delay before this attempt, ms (decorrelated jitter).
 DELAY_HEADER = "delayed_backoff_ms"
+#: The message header that names the job's generation (absent = 0): an idempotency key
+#: used again after a cancel schedules the next generation under the same job id.
+GENERATION_HEADER = "delayed_gen"
 
 
 def request_header(request: Any, name: str) -> Any:

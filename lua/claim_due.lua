@@ -24,8 +24,9 @@ ARGV[9]  dead letters' max age, ms (misfire 'dead': the set is trimmed)
 ARGV[10] most dead letters this shard keeps
 
 Returns {code, claimed, skipped, next_due, now, then per claimed job:
-id, msg, exchange, routing_key, queue, ev}; code OK, or NOT_OWNER when the
-shard's lease is not held (nothing done); next_due as in release_due. Jobs that
+id, msg, exchange, routing_key, queue, ev, then per job not sent: id, state,
+reason}; code OK, or NOT_OWNER when the shard's lease is not held (nothing
+done); next_due as in release_due. Jobs that
 expired or missed max_lateness are not claimed (see release_due: EXPIRED,
 SKIPPED, DEAD) and count as skipped.
 ]]
@@ -40,6 +41,7 @@ local prefix, limit, bucket_ms = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local deadline = now + tonumber(ARGV[7])
 local out = {OK, 0, 0, -1, now}
 local claimed, skipped, dead = 0, 0, 0
+local not_sent = {}
 local ttl = tonumber(ARGV[8])
 
 -- Expired or misfired: record it instead of claiming it; true when so.
@@ -49,6 +51,7 @@ local function held_back(id, jk)
   if not unsent then return false end
   redis.call('ZREM', KEYS[5], id)
   mark_unsent(jk, KEYS[6], id, unsent, why, now, ttl)
+  not_sent[#not_sent + 1] = id; not_sent[#not_sent + 1] = unsent; not_sent[#not_sent + 1] = why
   skipped = skipped + 1
   if unsent == 'DEAD' then dead = dead + 1 end
   return true
@@ -99,4 +102,5 @@ local s = redis.call('ZRANGE', KEYS[5], 0, 0, 'WITHSCORES')
 if #s > 0 and ((not e) or tonumber(s[2]) < e) then e = tonumber(s[2]) end
 set_next(KEYS[3], e)
 out[2], out[3], out[4] = claimed, skipped, e or -1
+for _, v in ipairs(not_sent) do out[#out + 1] = v end
 return out

@@ -31,13 +31,15 @@ to every bound queue whose routing key matches, as kombu's DirectExchange;
 none bound: kombu's dead-letter queue, ARGV[9]). A record with neither
 (stored for the publish path) is pushed to global_keyprefix + q.
 
-Returns {code, released, skipped, next_due, now, id1, ev1, id2, ev2, ...}:
-code OK, or NOT_OWNER when the shard's lease is not held (nothing done);
-next_due = the earliest due time left in the shard, -1 when none; evN = the
-job's stored task-sent event fields ('' when the app sends no such events).
-Skipped jobs were cancelled (or otherwise no longer SCHEDULED) and are only
-unindexed, or were not sent because they expired (Celery's `expires`: state
-EXPIRED) or missed max_lateness with misfire 'skip' (SKIPPED) or 'dead' (DEAD).
+Returns {code, released, skipped, next_due, now, id1, ev1, ..., idN, evN,
+then per job not sent: id, state, reason}: code OK, or NOT_OWNER when the
+shard's lease is not held (nothing done); next_due = the earliest due time
+left in the shard, -1 when none; evN = the job's stored task-sent event
+fields ('' when the app sends no such events). Skipped jobs were cancelled (or
+otherwise no longer SCHEDULED) and are only unindexed, or were not sent
+because they expired (Celery's `expires`: state EXPIRED) or missed
+max_lateness with misfire 'skip' (SKIPPED) or 'dead' (DEAD): those are listed
+at the end, so the caller can report them (result backend, events).
 ]]
 -- @include "common"
 -- @include "due_index"
@@ -71,6 +73,7 @@ end
 local ids = take_due(KEYS[1], KEYS[2], bucket_ms, now, limit)
 local out = {OK, 0, 0, -1, now}
 local released, skipped, dead = 0, 0, 0
+local not_sent = {}
 local batches, lists = {}, {}
 -- Push what is batched (before any other push, so queue order stays due order).
 local function flush()
@@ -96,6 +99,7 @@ for _, id in ipairs(ids) do
   if sendable then unsent, why = unsendable(now, due, exp, ml, mf) end
   if unsent then
     mark_unsent(jk, KEYS[5], id, unsent, why, now, ttl)
+    not_sent[#not_sent + 1] = id; not_sent[#not_sent + 1] = unsent; not_sent[#not_sent + 1] = why
     skipped = skipped + 1
     if unsent == 'DEAD' then dead = dead + 1 end
   -- A record stored without lk/bx (scheduled by an app on the publish path)
@@ -131,4 +135,5 @@ end
 local e = earliest(KEYS[1], KEYS[2], bucket_ms)
 set_next(KEYS[3], e)
 out[2], out[3], out[4] = released, skipped, e or -1
+for _, v in ipairs(not_sent) do out[#out + 1] = v end
 return out

@@ -18,8 +18,12 @@ then F field names; then per job: id, due, F field values (an empty value is
   and that, more than the writes, is what a large batch costs.)
 
 The record gets st=SCHEDULED, due, created (now), the shared and its own fields.
-Returns one entry per job, in order: '=<due ms>' when stored; '<state>|<due>'
-of the record already held under that id (nothing is written for that job).
+A job whose id is taken is not written, except that a job with a `gen` field
+(a later generation of an idempotency key's job) replaces a CANCELLED record
+of the generation before it: a cancel frees the key, and the worker side
+refuses the old generation's messages (start.lua compares `gen`).
+Returns one entry per job, in order: '=<due ms>' when stored;
+'<state>|<due>|<gen>' of the record already held under that id.
 ]]
 -- @include "common"
 -- @include "due_index"
@@ -33,8 +37,11 @@ local rec = {'st', 'SCHEDULED', 'due', 0, 'created', now}
 local at = 7 + 2 * tonumber(ARGV[6])
 for j = 7, at - 1 do rec[#rec + 1] = ARGV[j] end
 local base, nf = #rec, tonumber(ARGV[at])
-local names = {}
-for f = 1, nf do names[f] = ARGV[at + f] end
+local names, gen_at = {}, nil
+for f = 1, nf do
+  names[f] = ARGV[at + f]
+  if names[f] == 'gen' then gen_at = f end
+end
 
 local out, n, i, earliest_new, zs = {}, #ARGV, at + nf + 1, nil, {}
 while i <= n do
@@ -43,9 +50,14 @@ while i <= n do
   if string.byte(spec, 1) == 43 then due = now + tonumber(string.sub(spec, 2)) else due = tonumber(spec) end
   local jk = prefix .. id
   local held = NONE  -- EXISTS first: an integer reply is cheaper than HMGET's table of nils
-  if call('EXISTS', jk) == 1 then held = call('HMGET', jk, 'st', 'due') end
+  if call('EXISTS', jk) == 1 then held = call('HMGET', jk, 'st', 'due', 'gen') end
+  if held[1] and gen_at and held[1] == 'CANCELLED'
+      and tonumber(ARGV[i + 1 + gen_at]) == (tonumber(held[3]) or 0) + 1 then
+    call('DEL', jk)  -- the next generation replaces the cancelled one
+    held = NONE
+  end
   if held[1] then
-    out[#out + 1] = held[1] .. '|' .. (held[2] or '')
+    out[#out + 1] = held[1] .. '|' .. (held[2] or '') .. '|' .. (held[3] or '0')
   else
     rec[4] = due
     local m = base

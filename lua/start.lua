@@ -9,8 +9,9 @@ ARGV[2]  execution owner token ("<hostname>|<pid>|<delivery tag>|<nonce>",
          unique per execution)
 ARGV[3]  execution lease, ms (the owner extends it with extend_lease)
 ARGV[4]  worker hostname (kept in the record as 'wk')
+ARGV[5]  the message's generation (its `delayed_gen` header; '' = 0)
 
-Returns {code, state, attempt, lease_until}:
+Returns {code, state, attempt, lease_until, why}:
   OK           run: lease taken, state RUNNING; attempt = this execution's
                number (1 = first); lease_until = the lease deadline, epoch ms
   NOT_FOUND    no record (sent with apply_async, or its record expired): run
@@ -20,23 +21,26 @@ Returns {code, state, attempt, lease_until}:
   WRONG_STATE  do not run; state says why: CANCELLED (announce it as revoked),
                SUCCEEDED (a redelivery of a completed job), FAILED, DEAD,
                EXPIRED, SKIPPED, or SCHEDULED (a stale delivery of a job
-               scheduled again for a retry)
+               scheduled again for a retry); why = 'superseded' when the
+               message is of an earlier generation than the record (its job
+               was cancelled and its idempotency key used again)
 A RUNNING job whose lease has passed (its worker died) is taken over (OK).
 ]]
 -- @include "common"
 
 local jk = KEYS[1]
-local st, lo, lu, att = unpack(redis.call('HMGET', jk, 'st', 'lo', 'lu', 'att'))
-if not st then return {NOT_FOUND, '', 0, 0} end
+local st, lo, lu, att, gen = unpack(redis.call('HMGET', jk, 'st', 'lo', 'lu', 'att', 'gen'))
+if not st then return {NOT_FOUND, '', 0, 0, ''} end
 att = tonumber(att or 0)
-if st ~= 'QUEUED' and st ~= 'CLAIMED' and st ~= 'RUNNING' then return {WRONG_STATE, st, att, 0} end
+if (tonumber(ARGV[5]) or 0) ~= (tonumber(gen) or 0) then return {WRONG_STATE, st, att, 0, 'superseded'} end
+if st ~= 'QUEUED' and st ~= 'CLAIMED' and st ~= 'RUNNING' then return {WRONG_STATE, st, att, 0, ''} end
 local now = now_ms(ARGV[1])
 lu = tonumber(lu or 0)
-if st == 'RUNNING' and lo ~= ARGV[2] and lu > now then return {BUSY, st, att, lu} end
+if st == 'RUNNING' and lo ~= ARGV[2] and lu > now then return {BUSY, st, att, lu, ''} end
 att = redis.call('HINCRBY', jk, 'att', 1)
 lu = now + tonumber(ARGV[3])
 redis.call('HSET', jk, 'st', 'RUNNING', 'lo', ARGV[2], 'lu', lu, 'started', now, 'wk', ARGV[4])
 -- A running job's record must outlive the run: the TTL set at release is for
 -- records nobody starts; finish.lua sets the next one.
 redis.call('PERSIST', jk)
-return {OK, 'RUNNING', att, lu}
+return {OK, 'RUNNING', att, lu, ''}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -11,6 +12,7 @@ from celery import Celery
 
 from ..errors import DelayedError
 from ..timeutil import from_ms
+from ..vocab import TIME_FIELDS
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -52,3 +54,17 @@ def paged(f: F) -> F:
     )):
         f = option(f)
     return f
+
+
+def show_record(rec: dict[str, str]) -> str:
+    """A job record as indented JSON, its times also as ISO dates ("<ms> (<date>)"), text as it is."""
+    shown = dict(rec)
+    for key in TIME_FIELDS:
+        if shown.get(key):
+            shown[key] = f"{shown[key]} ({fmt_ms(shown[key])})"
+    return json.dumps(shown, indent=2, sort_keys=True, ensure_ascii=False)
+
+
+def json_line(row: Any) -> str:
+    """One JSON line of a listing (non-ASCII text as it is)."""
+    return json.dumps(row, ensure_ascii=False)

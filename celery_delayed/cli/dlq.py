@@ -7,13 +7,11 @@ SECONDS``; everything without it).
 
 from __future__ import annotations
 
-import json
-
 import click
 
 from .. import dlq as _dlq
 from ..store import get_store
-from ._common import app_of, delayed, errors, fmt_ms, paged
+from ._common import app_of, delayed, errors, fmt_ms, json_line, paged, show_record
 
 
 @delayed.group(name="dlq")
@@ -33,7 +31,7 @@ def list_(ctx: click.Context, task: str | None, offset: int, limit: int, as_json
         total = _dlq.count(store)
     for r in rows:
         if as_json:
-            click.echo(json.dumps(r.as_dict()))
+            click.echo(json_line(r.as_dict()))
         else:
             click.echo(f"{r.id}  {fmt_ms(r.died_ms)}  {r.task}  attempts={r.attempts}  {r.error[:120]}")
     if not as_json:
@@ -48,10 +46,7 @@ def show(ctx: click.Context, job_id: str) -> None:
     with errors():
         rec = _dlq.show(get_store(app_of(ctx)), job_id)
     tb = rec.pop("tb", "")
-    for key in ("due", "created", "released", "died", "first_at", "last_at", "started", "finished"):
-        if rec.get(key):
-            rec[key] = f"{rec[key]} ({fmt_ms(rec[key])})"
-    click.echo(json.dumps(rec, indent=2, sort_keys=True))
+    click.echo(show_record(rec))
     if tb:
         click.echo(tb.rstrip())
 

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
+from ..cancellation import cancel_job
 from ..store import Pending, get_store
-from ._common import app_of, delayed, errors, fmt_ms, paged
+from ._common import app_of, delayed, errors, fmt_ms, json_line, paged, show_record
 
 
 @delayed.command(name="list")
@@ -15,12 +14,12 @@ from ._common import app_of, delayed, errors, fmt_ms, paged
 @paged
 @click.pass_context
 def list_(ctx: click.Context, task: str | None, offset: int, limit: int, as_json: bool) -> None:
-    """List pending (scheduled) jobs, earliest first within each shard (shard by shard)."""
+    """List pending (scheduled) jobs, earliest due first over all shards."""
     with errors():
         rows = Pending(get_store(app_of(ctx))).page(task=task, offset=offset, limit=limit)
     for r in rows:
         if as_json:
-            click.echo(json.dumps(r))
+            click.echo(json_line(r))
         else:
             click.echo(f"{r['id']}  {fmt_ms(r['due'])}  {r['task']}  queue={r['queue']}  shard={r['shard']}")
     if not as_json:
@@ -35,10 +34,7 @@ def show(ctx: click.Context, job_id: str) -> None:
     """Show one job's record."""
     with errors():
         rec = get_store(app_of(ctx)).get(job_id)
-    for key in ("due", "created", "released", "cancelled"):
-        if key in rec:
-            rec[key] = f"{rec[key]} ({fmt_ms(rec[key])})"
-    click.echo(json.dumps(rec, indent=2, sort_keys=True))
+    click.echo(show_record(rec))
 
 
 @delayed.command()
@@ -47,5 +43,5 @@ def show(ctx: click.Context, job_id: str) -> None:
 def cancel(ctx: click.Context, job_id: str) -> None:
     """Cancel a scheduled or queued job."""
     with errors():
-        prev = get_store(app_of(ctx)).cancel(job_id)
+        prev = cancel_job(get_store(app_of(ctx)), job_id)
     click.echo(f"cancelled {job_id} (was {prev})")

@@ -8,7 +8,7 @@ stored (bad input raises a typed error and leaves nothing behind).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,9 +17,9 @@ from celery import Celery
 from ..errors import DuplicateJob, InvalidOption, UnknownTask
 from ..store import NewJob, Store, get_store, shard_for
 from ..timeutil import due_spec
-from ..vocab import SHARD_HEADER, Field
+from ..vocab import GENERATION_HEADER, SHARD_HEADER, Field
 from .message import build_message, check_options, parent_ids, route_fields
-from .misfire import release_fields
+from .misfire import check_expiry, release_fields
 from .template import Template, fast_uuid4, template_for
 
 #: Namespace of job ids derived from idempotency keys (uuid5).
@@ -34,6 +34,8 @@ class Prepared:
 
     job: NewJob
     idempotent: bool  # scheduled with an idempotency key: a taken id returns the existing job
+    #: for an idempotency key's job: the same call as generation ``n`` (after a cancel freed the key)
+    regenerate: Callable[[int], Prepared] | None = None
 
 
 def job_id_for_key(idempotency_key: str) -> str:
@@ -64,11 +66,17 @@ def lookup_task(app: Celery, name: str, strict: bool) -> Any:
 
 
 def check_str(name: str, value: object, limit: int) -> str:
-    """A non-empty string of at most ``limit`` UTF-8 bytes, else :class:`InvalidOption`."""
+    """A non-empty, printable string of at most ``limit`` UTF-8 bytes, else :class:`InvalidOption`."""
     if not isinstance(value, str):
         raise InvalidOption(f"{name} must be a string, got {type(value).__name__} {value!r}")
     if not value or not value.strip():
         raise InvalidOption(f"{name} must not be empty")
+    if not value.isprintable():
+        bad = next(c for c in value if not c.isprintable())
+        raise InvalidOption(
+            f"{name} must not contain control or invisible characters (found {bad!r} in {value!r}): "
+            "ids and keys are shown in listings, logs and the CLI"
+        )
     if len(value.encode("utf-8")) > limit:
         raise InvalidOption(f"{name} is {len(value.encode('utf-8'))} bytes, over the limit of {limit}")
     return value
@@ -120,18 +128,29 @@ def prepare(
     idempotency_key: str | None = None,
     task_type: Any = None,
     options: Mapping[str, Any] | None = None,
+    generation: int = 0,
 ) -> Prepared:
     """Validate a call and build its job; write nothing.
+
+    ``generation`` > 0 (an idempotency key's job scheduled again after a
+    cancel) goes into the record and the message's ``delayed_gen`` header.
 
     Raises:
         InvalidWhen, InvalidOption, SerializationError, PayloadTooLarge: bad input.
     """
+    regenerate = None
+    if idempotency_key is not None:
+        def regenerate(generation: int) -> Prepared:
+            return prepare(app, name, args, kwargs, when, task_id=task_id, shard_key=shard_key,
+                           idempotency_key=idempotency_key, task_type=task_type, options=options,
+                           generation=generation)
     store = get_store(app)
     options = dict(options or {})
     release = release_fields(options, task_type, store.config)  # pops max_lateness / misfire
     check_options(options)
     _check_arguments(name, task_type, args, kwargs)
     due = due_spec(when, app.timezone)
+    check_expiry(options.get("expires"), due)
     job_id = _job_id(task_id, idempotency_key)
     skey = _shard_key(shard_key)
     shard = store.shard_of(job_id, skey)
@@ -139,17 +158,20 @@ def prepare(
     if not isinstance(headers, Mapping):
         raise InvalidOption(f"headers must be a mapping, got {type(headers).__name__}")
     per_job = {Field.SHARD_KEY: skey or "", Field.IDEMPOTENCY_KEY: idempotency_key or ""}
+    if generation:
+        headers = {**headers, GENERATION_HEADER: generation}
+        per_job[Field.GENERATION] = str(generation)
     fast = _render_fast(app, store, name, args or (), kwargs or {}, job_id, shard, options, headers, task_type,
                         release)
     if fast is not None:
         common, fields = fast
-        return Prepared(NewJob(job_id, shard, due, fields | per_job, common), idempotency_key is not None)
+        return Prepared(NewJob(job_id, shard, due, fields | per_job, common), regenerate is not None, regenerate)
     built = build_message(
         app, name, args or (), kwargs or {}, job_id, options | {"headers": {**headers, SHARD_HEADER: shard}},
         task_type, max_bytes=store.config.max_payload_bytes,
     )
     fields = {Field.TASK: name, **built.record_fields(store.broker), **per_job, **release}
-    return Prepared(NewJob(job_id, shard, due, fields), idempotency_key is not None)
+    return Prepared(NewJob(job_id, shard, due, fields), regenerate is not None, regenerate)
 
 
 def _render_fast(
@@ -199,13 +221,14 @@ class PlainCalls:
     the parent task), so that is resolved once per batch, not once per call.
     """
 
-    __slots__ = ("common", "n_shards", "parent_id", "root_id", "store", "tmpl", "tz")
+    __slots__ = ("common", "expires", "n_shards", "parent_id", "root_id", "store", "tmpl", "tz")
 
     def __init__(self, store: Store, tmpl: Template, common: dict[str, str], root_id: Any, parent_id: Any,
-                 tz: Any) -> None:
+                 tz: Any, expires: Any = None) -> None:
         self.store, self.tmpl, self.common, self.tz = store, tmpl, common, tz
         self.root_id, self.parent_id = root_id, parent_id
         self.n_shards = store.config.shards
+        self.expires = expires
 
     @staticmethod
     def accepts(call: Mapping[str, Any]) -> bool:
@@ -230,11 +253,14 @@ class PlainCalls:
         if tmpl is None:
             return None
         root_id, parent_id = parent_ids(app, root_id, parent_id)
-        return cls(store, tmpl, shared_fields(store, name, tmpl, release), root_id, parent_id, app.timezone)
+        return cls(store, tmpl, shared_fields(store, name, tmpl, release), root_id, parent_id, app.timezone,
+                   options.get("expires"))
 
     def prepare(self, args: Any, kwargs: Any, when: object) -> Prepared | None:
         """The job of one call, or None (then the regular path prepares it)."""
         due = due_spec(when, self.tz)
+        if self.expires is not None:
+            check_expiry(self.expires, due)
         job_id = fast_uuid4()
         shard = shard_for(job_id, self.n_shards)
         text = self.tmpl.render(job_id, shard, args or (), kwargs or {}, self.root_id, self.parent_id)

@@ -23,6 +23,7 @@ from celery import Celery
 from celery._state import _task_stack
 from celery.exceptions import QueueNotFound
 from celery.utils.functional import maybe_list
+from kombu import Exchange, Queue
 from kombu.compression import compress, decompress
 from kombu.compression import encoders as compression_encoders
 from kombu.entity import maybe_delivery_mode
@@ -94,9 +95,10 @@ def task_defaults(task: Any) -> dict[str, Any]:
 
 
 def check_options(options: Mapping[str, Any]) -> None:
-    """Raise :class:`InvalidOption` for an option ``apply_later`` does not take."""
+    """Raise :class:`InvalidOption` for an option ``apply_later`` does not take, or a bad routing value."""
     unknown = set(options) - MESSAGE_OPTIONS
     if not unknown:
+        check_option_values(options)
         return
     hints = []
     if unknown & {"eta", "countdown"}:
@@ -336,8 +338,40 @@ def _route(app: Celery, routed: Mapping[str, Any]) -> Route:
         routing_key = routing_key or qx.routing_key or app.conf.task_default_routing_key
     exname = getattr(exchange, "name", exchange) or ""
     priority = routed.get("priority")
-    try:
-        pri = max(min(int(priority or 0), 9), 0)
-    except (TypeError, ValueError) as exc:
-        raise InvalidOption(f"priority must be an integer 0-9, got {priority!r}") from exc
-    return Route(str(qname or ""), str(exname), str(routing_key or ""), str(exchange_type), pri)
+    _check_priority(priority)
+    return Route(str(qname or ""), str(exname), str(routing_key or ""), str(exchange_type), int(priority or 0))
+
+
+#: The priorities AMQP allows; kombu's Redis transport maps them onto its priority steps (0-9).
+MAX_PRIORITY = 255
+
+
+def _check_priority(priority: Any) -> None:
+    if priority is None:
+        return
+    if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= MAX_PRIORITY:
+        raise InvalidOption(
+            f"priority must be an integer from 0 to {MAX_PRIORITY} (the Redis broker uses 0-9; higher values "
+            f"count as 9), got {type(priority).__name__} {priority!r}"
+        )
+
+
+def _check_name(option: str, value: Any, kinds: tuple[type, ...]) -> None:
+    if value is None or (isinstance(value, kinds) and not isinstance(value, str)):
+        return
+    if not isinstance(value, str) or not value.strip() or not value.isprintable():
+        raise InvalidOption(
+            f"{option} must be a non-empty string without control characters, got "
+            f"{type(value).__name__} {value!r}"
+        )
+
+
+def check_option_values(options: Mapping[str, Any]) -> None:
+    """Raise :class:`InvalidOption` for a routing option of the wrong type or value (as ``apply_async`` needs)."""
+    _check_name("queue", options.get("queue"), (Queue,))
+    _check_name("exchange", options.get("exchange"), (Exchange,))
+    if options.get("routing_key") is not None:
+        _check_name("routing_key", options["routing_key"], ())
+    if options.get("exchange_type") is not None:
+        _check_name("exchange_type", options["exchange_type"], ())
+    _check_priority(options.get("priority"))

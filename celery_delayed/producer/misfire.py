@@ -73,6 +73,33 @@ def expires_ms(expires: object, now_s: float | None = None) -> int | None:
     return round(((time.time() if now_s is None else now_s) + expires) * 1000)
 
 
+def check_expiry(expires: object, due: str, now_s: float | None = None) -> None:
+    """Refuse an ``expires`` at or before the due time: such a job could never run.
+
+    ``due`` is the due spec ('<ms>' or '+<ms>'). Two relative times (seconds
+    from now) are compared as they are; otherwise the relative one is read
+    on this host's clock, as Celery reads ``expires``.
+
+    Raises:
+        InvalidOption: the job would expire before it is due.
+    """
+    if expires is None:
+        return
+    now_s = time.time() if now_s is None else now_s
+    relative_due = due.startswith("+")
+    due_ms = int(due[1:]) if relative_due else int(due)
+    if relative_due and not isinstance(expires, datetime):
+        late = float(expires) * 1000 <= due_ms  # type: ignore[arg-type]
+    else:
+        exp = expires_ms(expires, now_s)
+        late = exp is not None and exp <= (now_s * 1000 + due_ms if relative_due else due_ms)
+    if late:
+        raise InvalidOption(
+            f"expires={expires!r} is at or before the due time, so the job could never run; "
+            "give a later expires (seconds from now or a datetime after `when`), or none"
+        )
+
+
 def release_fields(options: MutableMapping[str, Any], task: Any, config: DelayedConfig) -> dict[str, str]:
     """Pop ``max_lateness`` / ``misfire`` from ``options``; return the record fields for release.
 

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from celery import Celery
 from kombu import Exchange, Queue
 
+from ..announce import Announcer
 from ..store import Batch, Store
 from .confirms import BatchConfirms
 
@@ -35,53 +36,21 @@ class Mover(Protocol):
     def close(self) -> None: ...
 
 
-class _Events:
-    """Sends ``task-sent`` events for released jobs when the app enables them."""
-
-    def __init__(self, app: Celery) -> None:
-        self.app = app
-        self.enabled = bool(app.conf.task_send_sent_event)
-        self._dispatcher: Any = None
-
-    def send(self, events: list[dict[str, Any] | None]) -> None:
-        """Send a ``task-sent`` event per released job that carries event fields."""
-        if not self.enabled or not any(events):
-            return
-        try:
-            if self._dispatcher is None:
-                conn = self.app.connection_for_write()
-                self._dispatcher = self.app.events.Dispatcher(conn, enabled=True)
-            for fields in events:
-                if fields:
-                    self._dispatcher.send("task-sent", **fields)
-        except Exception:  # events are best effort: the jobs were released already
-            logger.exception("could not send task-sent events")
-            self.close()
-
-    def close(self) -> None:
-        if self._dispatcher is not None:
-            try:
-                self._dispatcher.close()
-                self._dispatcher.connection.release()
-            except Exception:
-                logger.debug("closing the event dispatcher failed", exc_info=True)
-            self._dispatcher = None
-
-
 class DirectMover:
     """Releases with one Lua script: remove from the schedule and LPUSH, atomically."""
 
     def __init__(self, app: Celery, store: Store) -> None:
         self.store = store
-        self.events = _Events(app)
+        self.announce = Announcer(app)
 
     def move(self, shard: int, owner: str, fence: str, limit: int) -> Batch:
         batch = self.store.release_due(shard, owner, fence, limit=limit)
-        self.events.send(batch.events)
+        self.announce.sent(batch.events)
+        self.announce.not_sent(batch.not_sent)
         return batch
 
     def close(self) -> None:
-        self.events.close()
+        self.announce.close()
 
 
 class PublishMover:
@@ -97,7 +66,7 @@ class PublishMover:
     def __init__(self, app: Celery, store: Store) -> None:
         self.app = app
         self.store = store
-        self.events = _Events(app)
+        self.announce = Announcer(app)
         self.confirmed = 0  # messages the broker confirmed (AMQP)
         self.refused = 0  # messages the broker nacked (AMQP)
         self._conn: Any = None
@@ -140,6 +109,7 @@ class PublishMover:
             self.close()
             raise
         batch = self.store.claim_due(shard, owner, fence, limit=limit)
+        self.announce.not_sent(batch.not_sent)
         if not batch.ids:
             return batch
         try:
@@ -158,9 +128,9 @@ class PublishMover:
                 self.store.config.claim_lease_ms,
             )
             sent = set(published)
-            self.events.send([e for jid, e in zip(batch.ids, batch.events, strict=True) if jid in sent])
+            self.announce.sent([e for jid, e in zip(batch.ids, batch.events, strict=True) if jid in sent])
         else:
-            self.events.send(batch.events)
+            self.announce.sent(batch.events)
         return batch
 
     def _publish_batch(self, batch: Batch) -> list[str]:
@@ -231,7 +201,7 @@ class PublishMover:
         )
 
     def close(self) -> None:
-        self.events.close()
+        self.announce.close()
         if self._conn is not None:
             try:
                 self._conn.release()

@@ -101,9 +101,10 @@ class BrokerLayout:
         return self.global_keyprefix + self.unacked_index_key if self.direct else ""
 
     def priority_suffix(self, priority: int) -> str:
-        """The list-key suffix of a message priority (``Channel._q_for_pri``)."""
+        """The list-key suffix of a message priority (``Channel._q_for_pri``; clamped to 0-9 as kombu does)."""
         steps = self.priority_steps
-        step = steps[bisect(steps, priority) - 1]
+        pri = max(min(priority, RedisChannel.max_priority), RedisChannel.min_priority)
+        step = steps[bisect(steps, pri) - 1]
         return f"{self.sep}{step}" if step else ""
 
     def list_key(self, queue: str, priority: int = 0) -> str:

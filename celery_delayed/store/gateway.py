@@ -41,6 +41,11 @@ def _now(now_ms: int | None) -> str:
     return "" if now_ms is None else str(now_ms)
 
 
+def _triples(reply: Sequence[Any], start: int) -> list[tuple[str, str, str]]:
+    """The (id, state, reason) entries at the end of a release reply."""
+    return [(str(reply[i]), str(reply[i + 1]), str(reply[i + 2])) for i in range(start, len(reply), 3)]
+
+
 def _flatten(fields: Mapping[str, str]) -> list[str]:
     """Record fields as the scripts take them: count, names, values."""
     names = list(fields)
@@ -190,8 +195,8 @@ class Store:
                 if entry.startswith("="):
                     out[i] = Scheduled(jobs[i].id, shard, int(entry[1:]), True, JobState.SCHEDULED)
                 else:
-                    state, _, due = entry.partition("|")
-                    out[i] = Scheduled(jobs[i].id, shard, int(float(due or 0)), False, state)
+                    state, due, gen = [*entry.split("|"), "", ""][:3]
+                    out[i] = Scheduled(jobs[i].id, shard, int(float(due or 0)), False, state, int(gen or 0))
         return [s for s in out if s is not None]
 
     def states(self, jobs: Sequence[NewJob]) -> list[str | None]:
@@ -293,10 +298,11 @@ class Store:
              cfg.dlq_max_len_per_shard],
         )
         batch = self._batch(reply, shard)
-        rest = reply[5:]
-        for i in range(0, len(rest), 2):
-            batch.ids.append(rest[i])
-            batch.events.append(json.loads(rest[i + 1]) if rest[i + 1] else None)
+        end = 5 + 2 * batch.count
+        for i in range(5, end, 2):
+            batch.ids.append(reply[i])
+            batch.events.append(json.loads(reply[i + 1]) if reply[i + 1] else None)
+        batch.not_sent = _triples(reply, end)
         return batch
 
     def claim_due(
@@ -316,12 +322,13 @@ class Store:
              cfg.claim_lease_ms, cfg.record_ttl_ms, cfg.dlq_max_age_s * 1000, cfg.dlq_max_len_per_shard],
         )
         batch = self._batch(reply, shard)
-        rest = reply[5:]
-        for i in range(0, len(rest), 6):
-            jid, msg, ex, rk, q, ev = rest[i:i + 6]
+        end = 5 + 6 * batch.count
+        for i in range(5, end, 6):
+            jid, msg, ex, rk, q, ev = reply[i:i + 6]
             batch.ids.append(jid)
             batch.messages.append((msg, ex, rk, q))
             batch.events.append(json.loads(ev) if ev else None)
+        batch.not_sent = _triples(reply, end)
         return batch
 
     @staticmethod
@@ -384,13 +391,17 @@ class Store:
 
     def start(
         self, job_id: str, shard: int, owner: str, hostname: str = "", now_ms: int | None = None,
+        generation: int = 0,
     ) -> Started:
-        """Take the job's execution lease if it may run now (``start.lua``)."""
-        code, state, attempt, until = self._run(
+        """Take the job's execution lease if it may run now (``start.lua``).
+
+        ``generation`` is the delivered message's (its ``delayed_gen`` header).
+        """
+        code, state, attempt, until, why = self._run(
             self.scripts.start, [self.keys.shard(shard).job(job_id)],
-            [_now(now_ms), owner, self.config.exec_lease_ms, hostname],
+            [_now(now_ms), owner, self.config.exec_lease_ms, hostname, generation or ""],
         )
-        return Started(Reply(int(code)), str(state), int(attempt), int(until))
+        return Started(Reply(int(code)), str(state), int(attempt), int(until), str(why))
 
     def extend_lease(
         self, job_id: str, shard: int, owner: str, delivery_tag: str = "", now_ms: int | None = None,

@@ -42,6 +42,9 @@ kwargs,
 attempts
 requeued,  how often it was requeued from the dead-letter queue, and when last
 requeued_at
+gen        the generation of a job scheduled again with an idempotency key
+           after a cancel (absent = 0); its messages carry it as the
+           ``delayed_gen`` header, and start.lua refuses older ones
 =========  ==============================================================
 
 Worker-side states: QUEUED or CLAIMED -> RUNNING (start.lua takes the
@@ -64,7 +67,7 @@ from typing import Any
 from ..vocab import JobState, Reply
 
 #: Record fields a new job may carry, in the order schedule.lua receives them.
-NEW_JOB_FIELDS = ("task", "q", "ex", "rk", "msg", "lk", "bx", "ps", "ev", "sk", "ik", "exp", "ml", "mf")
+NEW_JOB_FIELDS = ("task", "q", "ex", "rk", "msg", "lk", "bx", "ps", "ev", "sk", "ik", "exp", "ml", "mf", "gen")
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,7 @@ class Scheduled:
     due_ms: int
     created: bool  # False: a record with this id was there already
     state: str
+    generation: int = 0
 
 
 @dataclass
@@ -103,6 +107,8 @@ class Batch:
     events: list[dict[str, Any] | None] = field(default_factory=list)
     # publish path only: per job (msg, exchange, routing_key, queue)
     messages: list[tuple[str, str, str, str]] = field(default_factory=list)
+    #: due jobs not sent: (id, state, reason); state EXPIRED, SKIPPED or DEAD (misfire)
+    not_sent: list[tuple[str, str, str]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -113,6 +119,12 @@ class Started:
     state: str  # the record's state ('' without a record)
     attempt: int  # executions begun, this one included when code is OK
     lease_until_ms: int  # OK: our deadline; BUSY: the other execution's
+    why: str = ""  # WRONG_STATE: 'superseded' for a message of an earlier generation
+
+    @property
+    def superseded(self) -> bool:
+        """The message is of an earlier generation of the job (cancelled, its key used again)."""
+        return self.why == "superseded"
 
     @property
     def run(self) -> bool:
@@ -132,7 +144,7 @@ class Started:
     @property
     def cancelled(self) -> bool:
         """The job was cancelled before it began."""
-        return self.code == Reply.WRONG_STATE and self.state == JobState.CANCELLED
+        return self.code == Reply.WRONG_STATE and self.state == JobState.CANCELLED and not self.superseded
 
 
 @dataclass(frozen=True)

@@ -75,42 +75,64 @@ class ShardStatus:
 
 @translate_errors
 class Pending:
-    """The scheduled jobs of one store."""
+    """The scheduled jobs of one store, in due order over every shard."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
         self.url = store.url
 
-    def page(self, task: str | None = None, offset: int = 0, limit: int = 50) -> list[dict[str, str]]:
-        """Scheduled jobs (earliest first within each shard, shard by shard), optionally of one task."""
+    def page(self, task: str | None = None, offset: int = 0, limit: int = 50) -> list[dict[str, Any]]:
+        """Scheduled jobs, earliest due first over all shards, optionally of one task.
+
+        Each row: ``id``, ``shard``, ``due`` (epoch ms), ``task``, ``queue``, ``st``.
+        """
         _check_page(offset, limit)
         store = self.store
-        out: list[dict[str, str]] = []
+        streams = [self._shard_stream(s, k) for s in range(store.config.shards) for k in _due_keys(store, s)]
+        merged = heapq.merge(*streams)
+        out: list[dict[str, Any]] = []
         skipped = 0
-        for s in range(store.config.shards):
-            sk = store.keys.shard(s)
-            for k in _due_keys(store, s):
-                start = 0
-                while True:
-                    ids: list[Any] = list(store.client.zrange(k, start, start + _PAGE - 1, withscores=True))
-                    if not ids:
-                        break
-                    start += len(ids)
-                    pipe = store.client.pipeline(transaction=False)
-                    for jid, _ in ids:
-                        pipe.hmget(sk.job(jid), Field.TASK, Field.QUEUE, Field.STATE)
-                    rows: list[Any] = pipe.execute()
-                    for (jid, score), (tname, q, st) in zip(ids, rows, strict=True):
-                        if task and tname != task:
-                            continue
-                        if skipped < offset:
-                            skipped += 1
-                            continue
-                        out.append({"id": jid, "shard": str(s), "due": str(int(score)),
-                                    "task": tname or "", "queue": q or "", "st": st or ""})
-                        if len(out) >= limit:
-                            return out
+        batch: list[tuple[int, int, str]] = []
+        for entry in merged:
+            batch.append(entry)
+            if len(batch) < min(_PAGE, offset + limit):
+                continue
+            skipped = self._rows(batch, task, offset, skipped, limit, out)
+            batch = []
+            if len(out) >= limit:
+                return out
+        if batch:
+            self._rows(batch, task, offset, skipped, limit, out)
         return out
+
+    def _rows(self, batch: list[tuple[int, int, str]], task: str | None, offset: int, skipped: int, limit: int,
+              out: list[dict[str, Any]]) -> int:
+        """Append the rows of ``batch`` (after ``offset`` matching ones) to ``out``; return the new skip count."""
+        store = self.store
+        pipe = store.client.pipeline(transaction=False)
+        for _, s, jid in batch:
+            pipe.hmget(store.keys.shard(s).job(jid), Field.TASK, Field.QUEUE, Field.STATE)
+        for (due, s, jid), (tname, q, st) in zip(batch, pipe.execute(), strict=True):
+            if task and tname != task:
+                continue
+            if skipped < offset:
+                skipped += 1
+                continue
+            if len(out) < limit:
+                out.append({"id": jid, "shard": s, "due": due, "task": tname or "", "queue": q or "",
+                            "st": st or ""})
+        return skipped
+
+    def _shard_stream(self, shard: int, key: str) -> Iterator[tuple[int, int, str]]:
+        """(due, shard, id) of one due set, earliest first, read a page at a time."""
+        start = 0
+        while True:
+            page: list[Any] = list(self.store.client.zrange(key, start, start + _PAGE - 1, withscores=True))
+            if not page:
+                return
+            for jid, due in page:
+                yield (int(due), shard, str(jid))
+            start += len(page)
 
 
 @dataclass(frozen=True)

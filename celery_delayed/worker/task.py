@@ -75,7 +75,7 @@ from ..producer.message import MESSAGE_OPTIONS
 from ..result import DelayedResult
 from ..store import Started, Store, get_store
 from ..timeutil import from_ms
-from ..vocab import DELAY_HEADER, JobState, Reply, request_header
+from ..vocab import DELAY_HEADER, GENERATION_HEADER, JobState, Reply, request_header
 from .execution import Execution, LeaseKeeper, delivery_tag, execution_token, job_shard
 from .failures import BACKOFF_OPTIONS, Attempt, Failures, RetryPolicy
 
@@ -175,7 +175,9 @@ class DelayedTask(Task):  # type: ignore[misc]
             self._delayed_announce_revoked()
             raise Ignore()
         if not started.run:
-            why = "completed already" if started.state == JobState.SUCCEEDED else f"its job is {started.state}"
+            why = ("completed already" if started.state == JobState.SUCCEEDED
+                   else "superseded by a later generation of its job" if started.superseded
+                   else f"its job is {started.state}")
             logger.info("Skipping %s[%s]: %s (duplicate delivery)", self.name, req.id, why)
             raise Ignore()
         execution = Execution(req.id, shard, owner, started.attempt, tag)
@@ -187,14 +189,16 @@ class DelayedTask(Task):  # type: ignore[misc]
             setattr(req, _EXECUTION, None)
 
     def _delayed_start(self, store: Store, job_id: str, shard: int, owner: str, hostname: str) -> Started:
-        started = store.start(job_id, shard, owner, hostname)
+        gen = request_header(self.request, GENERATION_HEADER)
+        generation = int(gen) if isinstance(gen, int) and not isinstance(gen, bool) else 0
+        started = store.start(job_id, shard, owner, hostname, generation=generation)
         if started.busy:
             logger.info("Job %s[%s] is running elsewhere: waiting for it to end or its lease to pass",
                         self.name, job_id)
         poll_s = max(store.config.exec_lease_ms / 3000.0, 0.05)
         while started.busy:
             time.sleep(poll_s)
-            started = store.start(job_id, shard, owner, hostname)
+            started = store.start(job_id, shard, owner, hostname, generation=generation)
         return started
 
     def _delayed_store_down(self, exc: StoreUnavailable, args: Any, kwargs: Any) -> Any:

@@ -138,3 +138,32 @@ def test_run_with_a_bad_setting_says_which(redis_url, uid):
     assert res.exit_code == 1
     assert "delayed_lease_ms must be an int" in res.output
     assert "Traceback" not in res.output
+
+
+def test_list_is_in_due_order_over_all_shards_with_numbers_in_json(cli_app):
+    ids = [apply_later(cli_app, "e2e.mark", when=3600 + i * 10, strict=False).id for i in range(12)]
+    res = invoke(cli_app, "list", "--limit", "5", "--json")
+    assert res.exit_code == 0, res.output
+    rows = [json.loads(line) for line in res.stdout.splitlines()]
+    assert [r["id"] for r in rows] == ids[:5]  # the next five due, whatever their shards
+    assert len({r["shard"] for r in rows}) > 1
+    assert all(isinstance(r["due"], int) and isinstance(r["shard"], int) for r in rows)
+    assert [r["due"] for r in rows] == sorted(r["due"] for r in rows)
+    res = invoke(cli_app, "list", "--limit", "5", "--offset", "5", "--json")
+    assert [json.loads(line)["id"] for line in res.stdout.splitlines()] == ids[5:10]
+
+
+def test_show_formats_every_time_and_keeps_text_as_it_is(cli_app):
+    h = apply_later(cli_app, "e2e.mark", args=("grüße 日本",), when=0, strict=False, shard_key="ünï")
+    from celery_delayed import get_store
+
+    store = get_store(cli_app)
+    store.release_due(h.shard)
+    assert store.start(h.id, h.shard, "me", "host").run
+    store.finish(h.id, h.shard, "me", "SUCCEEDED")
+    res = invoke(cli_app, "show", h.id)
+    assert res.exit_code == 0, res.output
+    rec = json.loads(res.stdout)
+    for field in ("due", "created", "released", "started", "finished"):
+        assert rec[field].endswith("Z)") or "+00:00)" in rec[field], (field, rec[field])
+    assert '"sk": "ünï"' in res.stdout  # not \\u escapes

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 import pytest
-from support import free_port, run_celery
+from celery.bin.base import CLIContext
+from click.testing import CliRunner
+from support import free_port, make_app, run_celery
+
+from celery_delayed.cli import delayed
 
 COMMANDS = [
     ("status",), ("status", "--json"), ("list",), ("list", "--json"), ("show", "some-id"), ("cancel", "some-id"),
@@ -14,20 +16,19 @@ COMMANDS = [
 ]
 
 
-@pytest.mark.timeout(120)
-def test_every_command_reports_the_store_down_clearly(uid):
-    down = f"redis://127.0.0.1:{free_port()}/0"
+@pytest.mark.parametrize("args", COMMANDS, ids=[" ".join(c) for c in COMMANDS])
+def test_every_command_reports_the_store_down_clearly(uid, args):
+    app = make_app(f"redis://127.0.0.1:{free_port()}/0", uid)
+    res = CliRunner().invoke(delayed, list(args), obj=CLIContext(app=app, no_color=True, workdir=None, quiet=True))
+    assert res.exit_code == 1, res.output
+    assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
+    lines = [line for line in res.output.strip().splitlines() if line.strip()]
+    assert lines[-1].startswith("Error: cannot reach the celery-delayed store at redis://127.0.0.1:"), res.output
+    assert "Check that Redis is running" in lines[-1]
 
-    def run(args: tuple[str, ...]) -> tuple[tuple[str, ...], int, str]:
-        res = run_celery(down, f"t{uid}", f"q{uid}", "delayed", *args, timeout=60)
-        return args, res.returncode, res.stderr
 
-    with ThreadPoolExecutor(4) as pool:
-        results = list(pool.map(run, COMMANDS))
-    assert len(results) == len(COMMANDS)
-    for args, code, err in results:
-        assert code == 1, (args, err[-2000:])
-        assert "Traceback" not in err, (args, err[-2000:])
-        lines = [line for line in err.strip().splitlines() if line.strip()]
-        assert lines[-1].startswith("Error: cannot reach the celery-delayed store at redis://127.0.0.1:"), (args, err)
-        assert "Check that Redis is running" in lines[-1], (args, err)
+@pytest.mark.timeout(60)
+def test_through_the_celery_command_no_traceback(uid):
+    res = run_celery(f"redis://127.0.0.1:{free_port()}/0", f"t{uid}", f"q{uid}", "delayed", "dlq", "list")
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert res.stderr.strip().splitlines()[-1].startswith("Error: cannot reach the celery-delayed store")

@@ -124,6 +124,27 @@ def test_redelivered_completed_task_is_skipped(redis_url, uid, rclient, workers)
 
 
 @pytest.mark.e2e
+@pytest.mark.timeout(90)
+def test_a_key_freed_by_cancel_runs_its_new_job_once_never_the_old_message(redis_url, uid, rclient, workers):
+    """Cancelled after release, its key used again: the worker runs the new generation and skips the old message."""
+    app = make_app(redis_url, uid)
+    prefix, queue = app.conf.delayed_key_prefix, app.conf.task_default_queue
+    old = apply_later(app, "e2e.mark", args=("old",), when=0, idempotency_key=f"k-{uid}", strict=False)
+    assert _release_all(app) == 1
+    assert old.cancel()
+    new = apply_later(app, "e2e.mark", args=("new",), when=0, idempotency_key=f"k-{uid}", strict=False)
+    assert new.created and new.id == old.id
+    assert _release_all(app) == 1
+    assert rclient.llen(queue) == 2  # the cancelled generation's message is still there
+    w = WorkerProcess(redis_url, prefix, queue, concurrency=2)
+    workers.append(w)
+    wait_for(lambda: new.job_state == "SUCCEEDED", 30, what="the new generation to run")
+    wait_for(lambda: "superseded by a later generation" in w.output(), 20, what="the old message to be skipped")
+    wait_for(lambda: rclient.llen(queue) == 0, 10, what="the queue to drain")
+    assert ran(rclient, prefix) == [new.id]  # once, and only the new generation
+
+
+@pytest.mark.e2e
 @pytest.mark.timeout(120)
 def test_publish_path_duplicate_runs_once_on_rabbitmq(rabbitmq_url, redis_url, uid, rclient, workers):
     """A scheduler dies after publishing, before acknowledging its claim: the job is claimed and

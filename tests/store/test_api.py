@@ -6,6 +6,7 @@ what was wrong, and leave no key under the app's prefix or queue.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
@@ -216,9 +217,15 @@ def test_idempotency_key(tapp: Celery) -> None:
     a, b = apply_later_many(tapp, NAME, [{"args": (i,), "idempotency_key": "k9"} for i in (1, 2)])
     assert a.id == b.id and (a.created, b.created) == (True, False)
     assert cancel_by_key(tapp, "order-42") == "SCHEDULED"
-    # A cancelled job keeps its key until its record expires: no second job.
-    third = apply_later(tapp, NAME, args=(1,), when=60, idempotency_key="order-42")
-    assert third.created is False and third.job_state == "CANCELLED"
+    # A cancel frees the key: the next call schedules the job's next generation (same id, gen 1).
+    third = apply_later(tapp, NAME, args=(3,), when=60, idempotency_key="order-42")
+    assert third.created is True and third.id == first.id and third.job_state == "SCHEDULED"
+    assert third.job()["gen"] == "1"
+    again3 = apply_later(tapp, NAME, args=(4,), when=60, idempotency_key="order-42")
+    assert again3.created is False and again3.due_ms == third.due_ms
+    assert cancel_by_key(tapp, "order-42") == "SCHEDULED"
+    fourth = apply_later(tapp, NAME, args=(5,), when=60, idempotency_key="order-42")
+    assert fourth.created and fourth.job()["gen"] == "2"
     with pytest.raises(JobNotFound):
         cancel_by_key(tapp, "never-used")
 
@@ -406,3 +413,19 @@ def test_redis_going_down_and_back(uid: str) -> None:
         client.close()
     finally:
         server.stop()
+
+
+def test_a_cancelled_generations_message_is_refused_at_start(tapp: Celery, rclient: Any) -> None:
+    """A key freed by a cancel gets a new generation; the old generation's leftover message never runs as it."""
+    store = get_store(tapp)
+    first = apply_later(tapp, NAME, args=(1,), when=0, idempotency_key="gen-k")
+    assert store.release_due(first.shard).ids == [first.id]  # its message is in the queue now
+    assert first.cancel() and first.job_state == "CANCELLED"
+    second = apply_later(tapp, NAME, args=(2,), when=0, idempotency_key="gen-k")
+    assert second.created and second.id == first.id and second.job()["gen"] == "1"
+    assert store.release_due(second.shard).ids == [second.id]
+    msgs = [json.loads(m) for m in rclient.lrange(tapp.conf.task_default_queue, 0, -1)]
+    assert [m["headers"].get("delayed_gen") for m in reversed(msgs)] == [None, 1]  # FIFO: gen 0, then gen 1
+    stale = store.start(first.id, first.shard, "w-old", generation=0)
+    assert (stale.run, stale.superseded, stale.cancelled) == (False, True, False)
+    assert store.start(second.id, second.shard, "w-new", generation=1).run

@@ -128,6 +128,24 @@ BAD: list[tuple[str, dict[str, Any], type[Exception], str]] = [
     ("task-id-too-long", {"task_id": "i" * 600}, InvalidOption, "over the limit of 512"),
     ("shard-key-float", {"shard_key": 1.5}, InvalidOption, "shard_key must be a string or an int"),
     ("shard-key-empty", {"shard_key": ""}, InvalidOption, "shard_key must not be empty"),
+    # expires at or before the due time: the job could never run
+    ("expires-before-due", {"when": 60, "expires": 5}, InvalidOption, "at or before the due time"),
+    ("expires-at-due", {"when": 60, "expires": 60}, InvalidOption, "at or before the due time"),
+    ("expires-in-the-past", {"when": 0, "expires": dt.datetime(2001, 1, 1, tzinfo=UTC)}, InvalidOption,
+     "at or before the due time"),
+    ("expires-before-datetime-due", {"when": dt.datetime(2100, 1, 2, tzinfo=UTC),
+                                     "expires": dt.datetime(2100, 1, 1, tzinfo=UTC)}, InvalidOption,
+     "at or before the due time"),
+    # routing options are checked as strictly as the others
+    ("priority-too-high", {"priority": 300}, InvalidOption, "priority must be an integer from 0 to 255"),
+    ("priority-negative", {"priority": -5}, InvalidOption, "priority must be an integer from 0 to 255"),
+    ("priority-bool", {"priority": True}, InvalidOption, "priority must be an integer"),
+    ("priority-float", {"priority": 1.5}, InvalidOption, "priority must be an integer"),
+    ("queue-int", {"queue": 123}, InvalidOption, "queue must be a non-empty string"),
+    ("queue-empty", {"queue": ""}, InvalidOption, "queue must be a non-empty string"),
+    ("queue-newline", {"queue": "a\nb"}, InvalidOption, "queue must be a non-empty string"),
+    ("routing-key-int", {"routing_key": 5}, InvalidOption, "routing_key must be a non-empty string"),
+    ("exchange-int", {"exchange": 5}, InvalidOption, "exchange must be a non-empty string"),
 ]
 
 
@@ -236,7 +254,18 @@ def test_past_time_is_due_now(bapp, rclient):
     assert h.job()["st"] == "QUEUED"
 
 
-ODD_IDS = ["{braces}", "a{b}c{d}", "with spaces in it", "ünïcödé-日本語-🚀", "tab\tand:colons|pipe", "*?[glob]"]
+ODD_IDS = ["{braces}", "a{b}c{d}", "with spaces in it", "ünïcödé-日本語-🚀", "colons:and|pipe", "*?[glob]"]
+CONTROL_IDS = ["tab\tin it", "new\nline", "nul\x00", "esc\x1b[31m", "zero\u200bwidth"]
+
+
+@pytest.mark.parametrize("job_id", CONTROL_IDS)
+def test_control_characters_in_ids_and_keys_are_refused(bapp, job_id, rclient):
+    """An id or key with a control or invisible character would split a listing line or hide in logs."""
+    before = sorted(rclient.scan_iter(f"{bapp.conf.delayed_key_prefix}:*"))
+    for kw in ({"task_id": job_id}, {"idempotency_key": job_id}, {"shard_key": job_id}):
+        with pytest.raises(InvalidOption, match="control or invisible characters"):
+            apply_later(bapp, TASK, when=60, **kw)
+    assert sorted(rclient.scan_iter(f"{bapp.conf.delayed_key_prefix}:*")) == before
 
 
 @pytest.mark.parametrize("job_id", ODD_IDS)

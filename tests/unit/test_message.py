@@ -198,9 +198,11 @@ def test_custom_priority_steps(redis_url: str, uid: str, client: redis.Redis) ->
 def test_priority_out_of_range_is_clamped_like_kombu(redis_url: str, uid: str, client: redis.Redis) -> None:
     app = _app(redis_url, uid)
     tid = str(uuid.uuid4())
-    key, _ = kombu_publish(app, client, task_id=tid, priority=42)
-    built, _ = ours(app, tid, priority=42)
+    key, theirs = kombu_publish(app, client, task_id=tid, priority=42)
+    built, mine = ours(app, tid, priority=42)
     assert key == destination(app, built)["lk"] == f"q{uid}{SEP}9"
+    assert_same_envelope(theirs, mine)  # the message keeps 42, as kombu's does; only the list is clamped
+    assert mine["properties"]["priority"] == 42
     with pytest.raises(InvalidOption, match="priority must be an integer"):
         ours(app, tid, priority="high")
 
