@@ -9,17 +9,18 @@ Importing ``celery_delayed`` changes nothing. Two explicit seams:
   process that wants interception calls it once after creating the app.
 - :func:`register_with_celery` runs when the ``celery`` command loads the
   ``delayed`` sub-command (the ``celery.commands`` entry point,
-  ``celery_delayed.cli``): it adds ``--delayed`` to ``celery worker`` and
+  ``celery_delayed.cli``): it adds ``--delayed`` to ``celery worker``,
   installs every app that ``celery`` loads, so workers and schedulers need no
-  code change.
+  code change, and applies a guarded workaround for a kombu 5.7 crash in
+  worker processes (:mod:`celery_delayed.worker.kombu_fixes`).
 """
 
 from __future__ import annotations
 
-from celery import Celery
+from celery import Celery, signals
 from celery._state import connect_on_app_finalize
 
-from .worker import bootstep, intercept
+from .worker import bootstep, intercept, kombu_fixes
 
 _ATTR = "_celery_delayed_installed"
 _registered = False
@@ -49,3 +50,5 @@ def register_with_celery() -> None:
     _registered = True
     bootstep.add_worker_option()
     connect_on_app_finalize(install)
+    signals.worker_init.connect(kombu_fixes.on_worker_init, weak=False)
+    signals.celeryd_after_setup.connect(kombu_fixes.on_worker_setup, weak=False)

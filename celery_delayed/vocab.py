@@ -123,11 +123,18 @@ TIME_FIELDS = (
 
 #: The message header that names the shard of a released job.
 SHARD_HEADER = "delayed_shard"
+#: The message header that names the store (its key prefix) of a released job.
+STORE_HEADER = "delayed_store"
 #: The message header that carries the backoff delay before this attempt, ms (decorrelated jitter).
 DELAY_HEADER = "delayed_backoff_ms"
 #: The message header that names the job's generation (absent = 0): an idempotency key
 #: used again after a cancel schedules the next generation under the same job id.
 GENERATION_HEADER = "delayed_gen"
+
+
+def job_headers(shard: int | str, prefix: str) -> dict[str, Any]:
+    """The headers that let the worker side find a job's record: its shard and its store's key prefix."""
+    return {SHARD_HEADER: shard, STORE_HEADER: prefix}
 
 
 def request_header(request: Any, name: str) -> Any:

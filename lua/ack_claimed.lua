@@ -12,7 +12,11 @@ expired still counts, even when another scheduler claimed the job again: the
 caller did publish it, and that other scheduler's ack then counts nothing
 (at-least-once: the job may be published twice). A job cancelled while in
 flight keeps its CANCELLED state.
+
+Runs when Redis is at maxmemory (@flags below): it frees memory or holds it
+steady, so a full store keeps draining.
 ]]
+-- @flags allow-oom
 -- @include "common"
 
 local now = now_ms(ARGV[1])

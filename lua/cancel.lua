@@ -17,7 +17,11 @@ Returns {code, previous state}:
                RUNNING (ARGV[5])
   NOT_FOUND    no such job
   WRONG_STATE  not cancellable in its state (RUNNING, SUCCEEDED, CANCELLED, ...)
+
+Runs when Redis is at maxmemory (@flags below): it frees memory or holds it
+steady, so a full store keeps draining.
 ]]
+-- @flags allow-oom
 -- @include "common"
 -- @include "due_index"
 

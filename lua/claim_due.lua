@@ -29,7 +29,11 @@ reason}; code OK, or NOT_OWNER when the shard's lease is not held (nothing
 done); next_due as in release_due. Jobs that
 expired or missed max_lateness are not claimed (see release_due: EXPIRED,
 SKIPPED, DEAD) and count as skipped.
+
+Runs when Redis is at maxmemory (@flags below): it frees memory or holds it
+steady, so a full store keeps draining.
 ]]
+-- @flags allow-oom
 -- @include "common"
 -- @include "due_index"
 -- @include "dlq"

@@ -20,7 +20,11 @@ Returns {code, state, lease_until}:
   NOT_OWNER   the lease is lost: the job is no longer RUNNING under this owner
               (cancelled with terminate, or taken over after the lease
               passed); state says what it is now. Nothing changed.
+
+Runs when Redis is at maxmemory (@flags below): it frees memory or holds it
+steady, so a full store keeps draining.
 ]]
+-- @flags allow-oom
 -- @include "common"
 
 local st, lo = unpack(redis.call('HMGET', KEYS[1], 'st', 'lo'))

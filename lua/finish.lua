@@ -17,7 +17,11 @@ Returns {code, state}:
   NOT_OWNER   not this owner's any more (cancelled while running, or taken
               over after the lease passed); state = the current state, nothing
               changed
+
+Runs when Redis is at maxmemory (@flags below): it frees memory or holds it
+steady, so a full store keeps draining.
 ]]
+-- @flags allow-oom
 -- @include "common"
 
 local jk = KEYS[1]

@@ -7,7 +7,11 @@ ARGV[3]  age, ms: letters that died at or before now - age go ('' = all)
 ARGV[4]  most letters to delete in this call
 
 Returns the number deleted; call again while it equals ARGV[4].
+
+Runs when Redis is at maxmemory (@flags below): it frees memory or holds it
+steady, so a full store keeps draining.
 ]]
+-- @flags allow-oom
 -- @include "common"
 -- @include "dlq"
 

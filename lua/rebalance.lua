@@ -15,7 +15,11 @@ ARGV[2]  the caller's owner token
 
 Returns {shard, fence, shard, fence, ...} of the shards the caller now holds
 (empty when the caller is not a live member).
+
+Runs when Redis is at maxmemory (@flags below): it frees memory or holds it
+steady, so a full store keeps draining.
 ]]
+-- @flags allow-oom
 -- @include "common"
 
 local now = now_ms(ARGV[1])

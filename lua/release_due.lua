@@ -40,7 +40,11 @@ otherwise no longer SCHEDULED) and are only unindexed, or were not sent
 because they expired (Celery's `expires`: state EXPIRED) or missed
 max_lateness with misfire 'skip' (SKIPPED) or 'dead' (DEAD): those are listed
 at the end, so the caller can report them (result backend, events).
+
+Runs when Redis is at maxmemory (@flags below): it frees memory or holds it
+steady, so a full store keeps draining.
 ]]
+-- @flags allow-oom
 -- @include "common"
 -- @include "due_index"
 -- @include "dlq"

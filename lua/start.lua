@@ -25,7 +25,11 @@ Returns {code, state, attempt, lease_until, why}:
                message is of an earlier generation than the record (its job
                was cancelled and its idempotency key used again)
 A RUNNING job whose lease has passed (its worker died) is taken over (OK).
+
+Runs when Redis is at maxmemory (@flags below): it frees memory or holds it
+steady, so a full store keeps draining.
 ]]
+-- @flags allow-oom
 -- @include "common"
 
 local jk = KEYS[1]

@@ -10,7 +10,8 @@ from types import FrameType
 
 import click
 
-from ..store import ShardStatus, get_store
+from ..errors import StoreUnavailable
+from ..store import ServerHealth, ShardStatus, get_store
 from ._common import app_of, delayed, errors, fmt_ms
 
 
@@ -29,6 +30,10 @@ def run(ctx: click.Context, loglevel: str) -> None:
     app.loader.import_default_modules()
     with errors():  # a wrong delayed_* setting: say which, without a traceback
         sched = Scheduler(app)
+        try:
+            sched.preflight()  # settings that disagree with the store's: refuse before joining
+        except StoreUnavailable as exc:
+            logging.getLogger("celery_delayed.scheduler").warning("store unavailable at start (%s); retrying", exc)
 
     def _stop(signum: int, frame: FrameType | None) -> None:
         sched.stop()
@@ -42,6 +47,8 @@ def run(ctx: click.Context, loglevel: str) -> None:
     thread.start()
     while thread.is_alive():
         thread.join(1.0)
+    if sched.fatal is not None:
+        raise click.ClickException(str(sched.fatal))
 
 
 @delayed.command()
@@ -54,8 +61,9 @@ def status(ctx: click.Context, as_json: bool) -> None:
         rows = ShardStatus(store).rows()
         # Live members only: a dead scheduler's entry stays until a heartbeat drops it.
         members = store.live_members()
+        warnings = ServerHealth(store).warnings()
     if as_json:
-        click.echo(json.dumps({"shards": rows, "schedulers": members}))
+        click.echo(json.dumps({"shards": rows, "schedulers": members, "warnings": warnings}))
         return
     click.echo(f"{'shard':>5} {'pending':>9} {'overdue':>8} {'inflight':>8}  next due / oldest overdue")
     for r in rows:
@@ -67,3 +75,5 @@ def status(ctx: click.Context, as_json: bool) -> None:
     firsts = [r["next_due_ms"] for r in rows if r["next_due_ms"] is not None]
     click.echo(f"total: {total} pending, {overdue} overdue, next due {fmt_ms(min(firsts) if firsts else None)}, "
                f"{len(members)} scheduler(s) {' '.join(members)}")
+    for w in warnings:
+        click.echo(f"WARNING: {w}")

@@ -17,7 +17,7 @@ from celery import Celery
 from ..errors import DuplicateJob, InvalidOption, UnknownTask
 from ..store import NewJob, Store, get_store, shard_for
 from ..timeutil import due_spec
-from ..vocab import GENERATION_HEADER, SHARD_HEADER, Field
+from ..vocab import GENERATION_HEADER, Field, job_headers
 from .message import build_message, check_options, parent_ids, route_fields
 from .misfire import check_expiry, release_fields
 from .template import Template, fast_uuid4, template_for
@@ -167,7 +167,8 @@ def prepare(
         common, fields = fast
         return Prepared(NewJob(job_id, shard, due, fields | per_job, common), regenerate is not None, regenerate)
     built = build_message(
-        app, name, args or (), kwargs or {}, job_id, options | {"headers": {**headers, SHARD_HEADER: shard}},
+        app, name, args or (), kwargs or {}, job_id,
+        options | {"headers": {**headers, **job_headers(shard, store.config.key_prefix)}},
         task_type, max_bytes=store.config.max_payload_bytes,
     )
     fields = {Field.TASK: name, **built.record_fields(store.broker), **per_job, **release}

@@ -38,8 +38,9 @@ from kombu.serialization import registry
 from kombu.utils.json import JSONEncoder
 from kombu.utils.json import dumps as kombu_json_dumps
 
+from ..config import get_config
 from ..store.broker_layout import Route
-from ..vocab import SHARD_HEADER
+from ..vocab import job_headers
 from .message import build_message
 
 # Options whose value is fixed per template (part of the cache key). Any other
@@ -165,7 +166,7 @@ def _make(app: Celery, name: str, options: Mapping[str, Any], headers: Mapping[s
     if not _eligible(app):
         return None
     opts = dict(options)
-    opts["headers"] = {**headers, SHARD_HEADER: _TOKENS["shard"]}
+    opts["headers"] = {**headers, **job_headers(_TOKENS["shard"], get_config(app).key_prefix)}
     opts["root_id"], opts["parent_id"] = _TOKENS["root"], _TOKENS["parent"]
     built = build_message(app, name, (), {}, _TOKENS["id"], opts, task_type, max_bytes=max_bytes)
     if built.sent_event is not None:
@@ -213,7 +214,7 @@ def _check(app: Celery, tmpl: Template, name: str, options: Mapping[str, Any],
     """Render a sample call and compare it with what ``build_message`` makes of it."""
     args, kwargs = (1, "a", None, 2.5), {"k": [1, "é"]}
     opts = dict(options)
-    opts["headers"] = {**headers, SHARD_HEADER: 3}
+    opts["headers"] = {**headers, **job_headers(3, get_config(app).key_prefix)}
     opts["root_id"], opts["parent_id"] = "root-sample", "parent-sample"
     ref = build_message(app, name, args, kwargs, "id-sample", opts, task_type, max_bytes=max_bytes)
     tag = json.loads(ref.body)["properties"]["delivery_tag"]

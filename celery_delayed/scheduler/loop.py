@@ -23,8 +23,9 @@ from celery import Celery
 from kombu.exceptions import OperationalError
 
 from ..config import get_config
-from ..errors import LeaseLost, StoreUnavailable
-from ..store import Store
+from ..errors import ConfigurationError, LeaseLost, StoreFull, StoreUnavailable
+from ..store import ServerHealth, Store
+from ..store.health import UNCHECKED
 from .mover import Mover, make_mover
 from .wakeup import WakeListener
 
@@ -85,6 +86,9 @@ class Scheduler:
         self._next_heartbeat = 0.0  # time.monotonic() of the next heartbeat
         self._rebalance_needed = True
         self._joined = False
+        self._checked = False
+        #: the error that stopped the scheduler for good (a setting that disagrees with the store's)
+        self.fatal: ConfigurationError | None = None
         # Wake-ups that arrive while a shard is being moved: the move's result
         # may predate them, so they are applied after it (see _apply).
         self._woken: dict[int, float] = {}
@@ -245,9 +249,27 @@ class Scheduler:
         until_hb = self._next_heartbeat - time.monotonic()
         return max(0.0, min(until_due, until_hb, self.max_sleep_s))
 
+    def preflight(self) -> list[str]:
+        """Check the store before joining; return (and log) the warnings about its server.
+
+        Raises:
+            ConfigurationError: this scheduler's settings disagree with the
+                store's layout or with the schedulers already running: it must
+                not join (it would take shards it cannot serve).
+            StoreUnavailable: Redis cannot be reached (the loop tries again).
+        """
+        self.store.check_fleet()
+        warnings = ServerHealth(self.store).warnings()
+        for w in warnings:
+            logger.log(logging.WARNING if w.startswith(UNCHECKED) else logging.ERROR, "celery-delayed store: %s", w)
+        self._checked = True
+        return warnings
+
     def run_once(self) -> float:
         """Heartbeat if it is time, release what is due; return seconds to sleep."""
         self._wake.clear()
+        if not self._checked:
+            self.preflight()
         if time.monotonic() >= self._next_heartbeat:
             self._heartbeat()
         self.release_due()
@@ -271,8 +293,15 @@ class Scheduler:
                         logger.warning("scheduler %s: resuming after %d failed attempt(s)", self.owner, failures)
                         failures = 0
                     backoff = 0.1
+                except ConfigurationError as exc:
+                    logger.critical("scheduler %s: %s; stopping", self.owner, exc)
+                    self.fatal = exc
+                    self._stop.set()
+                    break
                 except Exception as exc:
-                    if isinstance(exc, _TRANSIENT):
+                    if isinstance(exc, StoreFull):
+                        logger.error("scheduler: store out of memory (%s); retrying in %.1fs", exc, backoff)
+                    elif isinstance(exc, _TRANSIENT):
                         logger.warning("scheduler: store or broker unavailable (%s); retrying in %.1fs",
                                        exc, backoff)
                     else:
@@ -303,11 +332,12 @@ class Scheduler:
             logger.debug("closing the mover failed", exc_info=True)
 
     def _shutdown(self) -> None:
-        try:
-            self.store.heartbeat(self.owner, leave=True)  # hand the shards over at once
-            self._announce()
-        except Exception:
-            logger.debug("leaving the scheduler set failed", exc_info=True)
+        if self._joined:
+            try:
+                self.store.heartbeat(self.owner, leave=True)  # hand the shards over at once
+                self._announce()
+            except Exception:
+                logger.debug("leaving the scheduler set failed", exc_info=True)
         self.mover.close()
         self._listener.stop()
         self.store.close()

@@ -10,10 +10,13 @@ lists many jobs (:class:`Pending`, :class:`DeadLetters`, :class:`ShardStatus`).
 
 from __future__ import annotations
 
+import dataclasses
+
 from celery import Celery
 
 from .broker_layout import BrokerLayout
 from .gateway import Store, WakeSubscription
+from .health import ServerHealth
 from .keys import Keys, ShardKeys, shard_for
 from .records import Batch, NewJob, Outcome, Scheduled, Started
 from .views import DeadLetter, DeadLetters, Pending, ShardStatus
@@ -28,6 +31,7 @@ __all__ = [
     "Outcome",
     "Pending",
     "Scheduled",
+    "ServerHealth",
     "ShardKeys",
     "ShardStatus",
     "Started",
@@ -38,12 +42,22 @@ __all__ = [
 ]
 
 _STORE_ATTR = "_celery_delayed_store"
+_OTHER_STORES_ATTR = "_celery_delayed_other_stores"
 
 
-def get_store(app: Celery) -> Store:
-    """Return the app's store, creating it on first use (cached on the app)."""
+def get_store(app: Celery, prefix: str | None = None) -> Store:
+    """Return the app's store, creating it on first use (cached on the app).
+
+    ``prefix``: the store under another key prefix on the same Redis (a
+    message names the store of its job; see ``worker/execution.job_store``).
+    """
     store: Store | None = getattr(app, _STORE_ATTR, None)
     if store is None:
         store = Store(app)
         setattr(app, _STORE_ATTR, store)
-    return store
+    if prefix is None or prefix == store.config.key_prefix:
+        return store
+    others: dict[str, Store] = app.__dict__.setdefault(_OTHER_STORES_ATTR, {})
+    if prefix not in others:
+        others[prefix] = Store(app, dataclasses.replace(store.config, key_prefix=prefix))
+    return others[prefix]

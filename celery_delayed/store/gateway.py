@@ -21,7 +21,7 @@ from typing import Any
 
 import redis
 from celery import Celery
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 
 from ..config import DelayedConfig, get_config
 from ..errors import ConfigurationError, InvalidOption, JobNotFound, LeaseLost, raise_for
@@ -29,7 +29,7 @@ from ..vocab import Field, JobState, Reply
 from .broker_layout import BrokerLayout
 from .client import make_client, translate_errors
 from .keys import Keys, shard_for
-from .loader import Arg, Script, scripts
+from .loader import Arg, Script, Scripts, scripts
 from .records import NEW_JOB_FIELDS, Batch, NewJob, Outcome, Scheduled, Started
 
 #: Payload prefix of a membership notice on the wake channel.
@@ -73,9 +73,21 @@ class Store:
         self.url = self.config.redis_url
         self.client: redis.Redis = client or make_client(self.url, fail_fast=fail_fast)
         self.keys = Keys(self.config.key_prefix)
-        self.scripts = scripts()
         self.broker = BrokerLayout.from_app(app, self.config)
         self._layout_ok = False
+        self._scripts: Scripts | None = None
+
+    @property
+    def scripts(self) -> Scripts:
+        """The script table for this server: with Redis 7's script flags when it has them (asked once)."""
+        if self._scripts is None:
+            flagged = scripts(flags=True)
+            try:  # a server before Redis 7.0 refuses a script with a flags line
+                flagged.heartbeat.ensure_loaded(self.client)
+                self._scripts = flagged
+            except ResponseError:
+                self._scripts = scripts(flags=False)
+        return self._scripts
 
     @property
     def direct(self) -> bool:
@@ -126,11 +138,14 @@ class Store:
         if self._layout_ok:
             return
         want = {"shards": str(self.config.shards), "bucket_ms": str(self.config.bucket_ms)}
-        pipe = self.client.pipeline(transaction=False)
-        for name, value in want.items():
-            pipe.hsetnx(self.keys.layout, name, value)
-        pipe.hmget(self.keys.layout, list(want))
-        got = pipe.execute()[-1]
+        got: list[str | None] = self.client.hmget(self.keys.layout, list(want))  # type: ignore[assignment]
+        # (a read first: it works on a full Redis too)
+        if None in got:  # the first user of this prefix records the layout
+            pipe = self.client.pipeline(transaction=False)
+            for name, value in want.items():
+                pipe.hsetnx(self.keys.layout, name, value)
+            pipe.hmget(self.keys.layout, list(want))
+            got = pipe.execute()[-1]
         for (name, value), held in zip(want.items(), got, strict=True):
             if held != value:
                 raise ConfigurationError(
@@ -351,13 +366,40 @@ class Store:
 
     # -- scheduler membership ----------------------------------------------------------
 
+    def fleet_settings(self) -> str:
+        """The settings every scheduler of this store must share, as heartbeat.lua records them."""
+        return f"lease_ms={self.config.lease_ms}"
+
     def heartbeat(self, owner: str, leave: bool = False, now_ms: int | None = None) -> tuple[int, list[str]]:
         """Renew (or give up) ``owner``'s membership (``heartbeat.lua``); return (now ms, live members)."""
         reply = self._run(
-            self.scripts.heartbeat, [self.keys.schedulers],
-            [_now(now_ms), owner, self.config.lease_ms, "1" if leave else ""],
+            self.scripts.heartbeat, [self.keys.schedulers, self.keys.scheduler_settings],
+            [_now(now_ms), owner, self.config.lease_ms, "1" if leave else "", self.fleet_settings()],
         )
         return int(reply[0]), [str(m) for m in reply[1:]]
+
+    def check_fleet(self) -> None:
+        """Refuse to join a fleet of schedulers that run with other shared settings.
+
+        Checks the store's layout (``delayed_shards``, ``delayed_bucket_ms``)
+        and that every live scheduler has this one's ``delayed_lease_ms`` (a
+        member with a shorter lease would be counted dead by the others, and
+        its shards taken over while it still releases them).
+
+        Raises:
+            ConfigurationError: what differs, from which scheduler, and what to do.
+        """
+        self.check_layout()
+        live = set(self.live_members())
+        mine = self.fleet_settings()
+        settings: dict[str, str] = self.client.hgetall(self.keys.scheduler_settings)  # type: ignore[assignment]
+        for owner, theirs in settings.items():
+            if owner in live and theirs != mine:
+                raise ConfigurationError(
+                    f"this scheduler runs with {mine.replace(';', ', ')}, but scheduler {owner} of the store "
+                    f"under prefix {self.config.key_prefix!r} runs with {theirs.replace(';', ', ')}: every "
+                    "scheduler of one store must use the same delayed_lease_ms (stop the others first to change it)"
+                )
 
     def rebalance(self, owner: str, now_ms: int | None = None) -> dict[int, str]:
         """Hand the shards out over the live schedulers (``rebalance.lua``); return ``owner``'s shards and fences."""

@@ -17,6 +17,8 @@ so a script that touches one shard touches one slot::
 and, outside any shard::
 
     {prefix}:schedulers                ZSET   scheduler owner token -> membership deadline
+    {prefix}:schedulers:settings       HASH   scheduler owner token -> the settings every
+                                              scheduler must share ("lease_ms=30000")
     {prefix}:layout                    HASH   shards, bucket_ms: fixed when the store is created
     {prefix}:wake                      PUBSUB "<shard>:<due_ms>" when a job is due earlier
                                               than the scheduler knew; "members|<owner>"
@@ -52,6 +54,11 @@ class Keys:
     def schedulers(self) -> str:
         """Membership of the running schedulers."""
         return f"{self.prefix}:schedulers"
+
+    @property
+    def scheduler_settings(self) -> str:
+        """The settings of each running scheduler (checked by a new one before it joins)."""
+        return f"{self.prefix}:schedulers:settings"
 
     @property
     def layout(self) -> str:

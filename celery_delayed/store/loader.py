@@ -4,6 +4,12 @@ Each script is read from disk, its ``-- @include "name"`` lines replaced by
 ``lua/includes/name.lua``, loaded with SCRIPT LOAD on first use and run with
 EVALSHA; on ``NOSCRIPT`` (a restarted or flushed server) it is loaded again.
 Only the gateway (:mod:`celery_delayed.store.gateway`) runs them.
+
+A script whose header says ``-- @flags allow-oom`` may run when Redis is at
+``maxmemory`` (Redis 7's script flags, given as a ``#!lua flags=...`` first
+line): the scripts that release jobs, keep memberships and end executions,
+which free memory or hold it steady, so a full store keeps draining. On a
+server older than 7.0 the flags are left out (:func:`scripts` ``flags=False``).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import redis
 from redis.exceptions import NoScriptError
 
 _INCLUDE = re.compile(r'^-- @include "([a-z_]+)"$', re.MULTILINE)
+_FLAGS = re.compile(r"^-- @flags ([a-z-]+(?: [a-z-]+)*)$", re.MULTILINE)
 
 Arg = str | int | float | bytes
 
@@ -37,23 +44,27 @@ def lua_dir() -> Path:
 
 
 @cache
-def source(name: str) -> str:
-    """Return the source of script ``name`` with its includes inlined."""
+def source(name: str, flags: bool = False) -> str:
+    """Return the source of script ``name`` with its includes inlined (and its flags' shebang line)."""
     base = lua_dir()
     text = (base / f"{name}.lua").read_text(encoding="utf-8")
 
     def include(m: re.Match[str]) -> str:
         return (base / "includes" / f"{m.group(1)}.lua").read_text(encoding="utf-8")
 
-    return _INCLUDE.sub(include, text)
+    text = _INCLUDE.sub(include, text)
+    declared = _FLAGS.search(text)
+    if flags and declared:
+        text = f"#!lua flags={declared.group(1).replace(' ', ',')}\n{text}"
+    return text
 
 
 class Script:
     """One Lua script, run by SHA on a given client."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, flags: bool = False) -> None:
         self.name = name
-        self.source = source(name)
+        self.source = source(name, flags)
         self.sha = hashlib.sha1(self.source.encode("utf-8")).hexdigest()
 
     def __call__(
@@ -79,27 +90,27 @@ class Script:
 class Scripts:
     """Every script of celery-delayed (one attribute per ``lua/<name>.lua``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, flags: bool = False) -> None:
         # scheduling and job operations
-        self.schedule = Script("schedule")
-        self.cancel = Script("cancel")
-        self.reschedule = Script("reschedule")
+        self.schedule = Script("schedule", flags)
+        self.cancel = Script("cancel", flags)
+        self.reschedule = Script("reschedule", flags)
         # release (scheduler side)
-        self.release_due = Script("release_due")
-        self.claim_due = Script("claim_due")
-        self.ack_claimed = Script("ack_claimed")
-        self.heartbeat = Script("heartbeat")
-        self.rebalance = Script("rebalance")
+        self.release_due = Script("release_due", flags)
+        self.claim_due = Script("claim_due", flags)
+        self.ack_claimed = Script("ack_claimed", flags)
+        self.heartbeat = Script("heartbeat", flags)
+        self.rebalance = Script("rebalance", flags)
         # worker side: the execution ledger
-        self.start = Script("start")
-        self.extend_lease = Script("extend_lease")
-        self.finish = Script("finish")
+        self.start = Script("start", flags)
+        self.extend_lease = Script("extend_lease", flags)
+        self.finish = Script("finish", flags)
         # failures and the dead-letter queue
-        self.retry = Script("retry")
-        self.fail = Script("fail")
-        self.dead = Script("dead")
-        self.requeue = Script("requeue")
-        self.purge_dead = Script("purge_dead")
+        self.retry = Script("retry", flags)
+        self.fail = Script("fail", flags)
+        self.dead = Script("dead", flags)
+        self.requeue = Script("requeue", flags)
+        self.purge_dead = Script("purge_dead", flags)
 
     def all(self) -> list[Script]:
         """Every script, in declaration order."""
@@ -107,6 +118,9 @@ class Scripts:
 
 
 @cache
-def scripts() -> Scripts:
-    """Return the process-wide script table (sources are read once)."""
-    return Scripts()
+def scripts(flags: bool = False) -> Scripts:
+    """Return the process-wide script table (sources are read once).
+
+    ``flags``: give the scripts their declared Redis 7 flags (see the module docstring).
+    """
+    return Scripts(flags)

@@ -16,6 +16,7 @@ from typing import Any
 import click
 from celery import Celery, bootsteps
 
+from ..errors import StoreUnavailable
 from ..scheduler import Scheduler
 
 logger = logging.getLogger("celery_delayed.scheduler")
@@ -34,6 +35,12 @@ class DelayedSchedulerStep(bootsteps.StartStopStep):  # type: ignore[misc]
 
     def start(self, parent: Any) -> None:
         self.scheduler = Scheduler(parent.app)
+        try:
+            # Settings that disagree with the store's stop the worker here, before
+            # the scheduler joins; an unreachable store is the loop's to retry.
+            self.scheduler.preflight()
+        except StoreUnavailable as exc:
+            logger.warning("celery-delayed scheduler: store unavailable at start (%s); retrying", exc)
         self.thread = threading.Thread(target=self.scheduler.run, name="celery-delayed", daemon=True)
         self.thread.start()
 

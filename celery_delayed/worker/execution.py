@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import DelayedError
-from ..store import Store
-from ..vocab import request_shard
+from ..store import Store, get_store
+from ..vocab import STORE_HEADER, request_header, request_shard
 
 logger = logging.getLogger("celery_delayed.worker")
 
@@ -46,6 +46,29 @@ def execution_token(hostname: str, delivery_tag: object) -> str:
     so the tag alone cannot tell two deliveries apart: a random nonce does.
     """
     return f"{hostname}|{os.getpid()}|{delivery_tag or ''}|{uuid.uuid4().hex[:12]}"
+
+
+_warned_prefixes: set[str] = set()
+
+
+def job_store(app: Any, request: Any) -> Store:
+    """The store of the job a Celery request runs: the one its ``delayed_store`` header names.
+
+    A worker whose app uses another ``delayed_key_prefix`` than the producer
+    that scheduled the job still finds the job's record (on its own Redis),
+    and says so once per prefix: the apps are probably configured apart.
+    """
+    store = get_store(app)
+    prefix = request_header(request, STORE_HEADER)
+    if not isinstance(prefix, str) or not prefix or prefix == store.config.key_prefix:
+        return store
+    if prefix not in _warned_prefixes:
+        _warned_prefixes.add(prefix)
+        logger.warning(
+            "a message names the celery-delayed store with prefix %r, but this worker's app uses %r: using %r "
+            "on this worker's Redis (configure producers, schedulers and workers with the same "
+            "delayed_key_prefix)", prefix, store.config.key_prefix, prefix)
+    return get_store(app, prefix)
 
 
 def job_shard(store: Store, request: Any) -> int:

@@ -49,7 +49,7 @@ from ..errors import ConfigurationError
 from ..producer.message import MESSAGE_OPTIONS, build_message
 from ..store import Outcome, Store
 from ..timeutil import due_spec
-from ..vocab import DELAY_HEADER, SHARD_HEADER, Field
+from ..vocab import DELAY_HEADER, Field, job_headers
 from .backoff import Backoff, rng_for
 
 logger = logging.getLogger("celery_delayed.retrying")
@@ -163,7 +163,7 @@ class Failures:
         opts = {k: v for k, v in {**attempt.options, **overrides}.items() if k in MESSAGE_OPTIONS and v is not None}
         headers = {k: v for k, v in dict(opts.pop("headers", None) or {}).items() if k not in PROTOCOL_HEADERS}
         headers.update(extra_headers or {})
-        headers[SHARD_HEADER] = attempt.shard
+        headers.update(job_headers(attempt.shard, self.store.config.key_prefix))
         built = build_message(
             self.app, attempt.task_name, attempt.args, attempt.kwargs, attempt.job_id,
             opts | {"headers": headers}, attempt.task_type, retries=retries,

@@ -73,10 +73,10 @@ from .. import api
 from ..errors import InvalidOption, StoreUnavailable
 from ..producer.message import MESSAGE_OPTIONS
 from ..result import DelayedResult
-from ..store import Started, Store, get_store
+from ..store import Started, Store
 from ..timeutil import from_ms
 from ..vocab import DELAY_HEADER, GENERATION_HEADER, JobState, Reply, request_header
-from .execution import Execution, LeaseKeeper, delivery_tag, execution_token, job_shard
+from .execution import Execution, LeaseKeeper, delivery_tag, execution_token, job_shard, job_store
 from .failures import BACKOFF_OPTIONS, Attempt, Failures, RetryPolicy
 
 logger = get_task_logger(__name__)
@@ -149,7 +149,7 @@ class DelayedTask(Task):  # type: ignore[misc]
         return getattr(self.request, _EXECUTION, None)
 
     def _delayed_store(self) -> Store:
-        return get_store(self._get_app())
+        return job_store(self._get_app(), self.request)
 
     def _delayed_in_worker(self) -> bool:
         req = self.request

@@ -208,3 +208,19 @@ def test_store_down_at_start_requeues_then_runs_once_it_is_back(redis_url, uid, 
         assert [x.split("|")[0] for x in store_client.lrange(f"{prefix}:ran", 0, -1)] == [h.id]
     finally:
         store_srv.__exit__()
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(60)
+def test_a_worker_with_another_key_prefix_finds_the_jobs_store_and_says_so(redis_url, uid, rclient, workers):
+    """The message names its store: a worker configured with another delayed_key_prefix still keeps the ledger."""
+    producer = make_app(redis_url, uid)
+    producer.conf.delayed_key_prefix = f"other{uid}"
+    queue = producer.conf.task_default_queue
+    h = apply_later(producer, "e2e.mark", when=0, strict=False)
+    assert _release_all(producer) == 1
+    w = WorkerProcess(redis_url, f"t{uid}", queue, concurrency=1)  # its app's prefix: t<uid>
+    workers.append(w)
+    wait_for(lambda: h.job_state == "SUCCEEDED", 30, what="the job to run under its own store's ledger")
+    assert f"names the celery-delayed store with prefix 'other{uid}'" in w.output()
+    assert ran(rclient, f"t{uid}") == [h.id]

@@ -258,7 +258,7 @@ def test_scripts_are_static_files() -> None:
 
 
 def test_hostile_strings_round_trip_and_never_reach_lua_source(app, rclient) -> None:  # type: ignore[no-untyped-def]
-    table = vars(scripts()).values()
+    table = vars(get_store(app).scripts).values()
     known = {s.sha for s in table}
     heads = {s.source[:60] for s in table}
     seen: list[dict[str, str]] = []
@@ -320,10 +320,11 @@ def acl_rule(store_prefix: str, broker_prefix: str, db: int = 0) -> list[str]:
     Keys: the store's prefix and the broker's ``global_keyprefix``. Channels: the
     scheduler wake-up channel, the broker's fanout channels and, literally (PSUBSCRIBE
     patterns are matched literally), kombu's remote-control channel. Commands: all
-    but @dangerous (no FLUSHALL, KEYS, CONFIG, DEBUG, ...).
+    but @dangerous (no FLUSHALL, KEYS, CONFIG, DEBUG, ...), and INFO (read for the
+    store's maxmemory policy).
     """
     return ["on", f"~{store_prefix}:*", f"~{broker_prefix}*", f"&{store_prefix}:wake", f"&{broker_prefix}*",
-            f"&{broker_prefix}/{db}.celery.pidbox", "+@all", "-@dangerous"]
+            f"&{broker_prefix}/{db}.celery.pidbox", "+@all", "-@dangerous", "+info"]
 
 
 @pytest.mark.timeout(90)

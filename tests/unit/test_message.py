@@ -362,6 +362,7 @@ def test_apply_later_message_equals_apply_async(redis_url: str, uid: str, client
     assert key == p.job.fields["lk"] == f"r{uid}{SEP}6"
     mine = json.loads(p.job.fields["msg"])
     assert mine["headers"].pop("delayed_shard") == p.job.shard
+    assert mine["headers"].pop("delayed_store") == app.conf.delayed_key_prefix
     assert_same_envelope(json.loads(raw), mine)
 
 
@@ -401,6 +402,7 @@ def test_repeated_calls_match_apply_async(redis_url: str, uid: str, client: redi
             assert key == p.job.fields["lk"]
             mine = json.loads(p.job.fields["msg"])
             assert mine["headers"].pop("delayed_shard") == p.job.shard
+            assert mine["headers"].pop("delayed_store") == app.conf.delayed_key_prefix
             assert mine["properties"]["delivery_tag"] != json.loads(raw)["properties"]["delivery_tag"]
             theirs = json.loads(raw)
             assert mine["body"] == theirs["body"] or json.loads(_body(mine)) == json.loads(_body(theirs))

@@ -18,6 +18,7 @@ from celery_delayed import apply_later, apply_later_many
 from celery_delayed.producer.jobs import prepare
 from celery_delayed.producer.message import build_message, validate_envelope
 from celery_delayed.producer.template import fast_repr, fast_uuid4, template_for
+from celery_delayed.vocab import job_headers
 
 NAME = "tmpl.task"
 
@@ -37,7 +38,8 @@ def _same(app: Celery, args: Any, kwargs: Any, options: dict[str, Any], headers:
     headers = headers or {}
     tmpl = template_for(app, NAME, options, headers, app.tasks[NAME], 1 << 20)
     assert tmpl is not None
-    opts = dict(options, headers={**headers, "delayed_shard": 7}, root_id=root, parent_id=parent)
+    opts = dict(options, headers={**headers, **job_headers(7, app.conf.delayed_key_prefix)}, root_id=root,
+                parent_id=parent)
     ref = build_message(app, NAME, args, kwargs, "the-id", opts, app.tasks[NAME])
     tag = json.loads(ref.body)["properties"]["delivery_tag"]
     rendered = tmpl.render("the-id", 7, args, kwargs, root, parent, tag)

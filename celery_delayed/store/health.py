@@ -1,0 +1,61 @@
+"""What the store's Redis server says about itself that can silently break celery-delayed.
+
+:func:`store_warnings` is read by the scheduler at start (it logs each one)
+and by ``delayed status``; ``delayed doctor`` builds on it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from redis.exceptions import ResponseError
+
+from .client import translate_errors
+from .gateway import Store
+
+#: The only maxmemory policy under which Redis never drops a job's keys.
+SAFE_POLICY = "noeviction"
+#: How a warning that is only "could not check" begins.
+UNCHECKED = "could not check the store's Redis"
+
+
+@translate_errors
+class ServerHealth:
+    """Reads the store server's ``INFO`` once per call."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.url = store.url
+
+    def info(self) -> dict[str, Any]:
+        """``INFO memory`` and ``INFO persistence`` of the store's server."""
+        info: dict[str, Any] = dict(self.store.client.info("memory"))
+        info.update(self.store.client.info("persistence"))
+        return info
+
+    def warnings(self) -> list[str]:
+        """One line per problem found, each saying what to do; empty when all is well.
+
+        A server that refuses ``INFO`` (an ACL user without it) gives one line
+        saying what could not be checked.
+        """
+        try:
+            info = self.info()
+        except ResponseError as exc:
+            return [f"{UNCHECKED}: INFO was refused ({exc}); make sure the store's Redis has maxmemory-policy "
+                    f"{SAFE_POLICY}"]
+        out = []
+        policy = str(info.get("maxmemory_policy", SAFE_POLICY))
+        if policy != SAFE_POLICY:
+            out.append(
+                f"the store's Redis has maxmemory-policy {policy}: when it fills up it evicts keys, and jobs "
+                f"are lost without a trace (records, index entries, the layout). Set maxmemory-policy "
+                f"{SAFE_POLICY} on it (a full store then refuses new jobs with StoreFull instead)"
+            )
+        used, limit = int(info.get("used_memory", 0)), int(info.get("maxmemory", 0))
+        if limit and used >= limit:
+            out.append(
+                f"the store's Redis is full ({used} of maxmemory {limit} bytes): new jobs are refused "
+                "(StoreFull); release or purge jobs, or raise maxmemory"
+            )
+        return out

@@ -1,0 +1,73 @@
+"""The store's Redis full or evicting: a typed error, nothing half-written, release goes on, warnings said."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+from support import RedisServer, SchedulerProcess, make_app, run_celery, wait_for
+
+from celery_delayed import DelayedError, StoreFull, StoreUnavailable, apply_later, apply_later_many, get_store
+from celery_delayed.store import ShardStatus
+
+
+def _fill(client: redis.Redis) -> None:
+    """Write filler keys until Redis refuses (maxmemory, noeviction)."""
+    i = 0
+    try:
+        while i < 1_000_000:
+            client.set(f"filler:{i}", "x" * 4096)
+            i += 1
+    except redis.exceptions.OutOfMemoryError:
+        return
+    raise AssertionError("Redis never filled up")
+
+
+@pytest.fixture
+def full_server():  # type: ignore[no-untyped-def]
+    with RedisServer("--maxmemory", "8mb", "--maxmemory-policy", "noeviction") as server:
+        yield server
+
+
+@pytest.mark.timeout(60)
+def test_a_full_store_refuses_jobs_with_a_typed_error_and_writes_nothing(full_server, uid):
+    app = make_app(full_server.url, uid)
+    apply_later(app, "t.full", when=60, strict=False)  # the store exists
+    client = redis.Redis.from_url(full_server.url, decode_responses=True)
+    _fill(client)
+    before = sorted(client.scan_iter(f"t{uid}:*"))
+    with pytest.raises(StoreFull, match="is full") as info:
+        apply_later_many(app, "t.full", ({"args": ("x" * 2000,), "when": 60} for _ in range(200)), strict=False)
+    assert isinstance(info.value, (DelayedError, StoreUnavailable))
+    assert "maxmemory" in str(info.value) and "noeviction" in str(info.value)
+    assert sorted(client.scan_iter(f"t{uid}:*")) == before  # nothing half-written
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(90)
+def test_a_full_store_keeps_releasing_and_says_so(full_server, uid, workers):
+    app = make_app(full_server.url, uid)
+    prefix, queue = app.conf.delayed_key_prefix, app.conf.task_default_queue
+    hs = apply_later_many(app, "e2e.mark", ({"args": (i,), "when": 0} for i in range(300)), strict=False)
+    client = redis.Redis.from_url(full_server.url, decode_responses=True)
+    _fill(client)
+    sched = SchedulerProcess(full_server.url, prefix, queue)
+    workers.append(sched)
+    wait_for(lambda: client.llen(queue) == len(hs), 30, what="every overdue job released into a full Redis")
+    assert sum(r["pending"] for r in ShardStatus(get_store(app)).rows()) == 0
+    wait_for(lambda: "store's Redis is full" in sched.output(), 10, what="the scheduler to say the store is full")
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(60)
+def test_an_evicting_policy_is_reported_at_start_and_in_status(uid, workers):
+    with RedisServer("--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru") as server:
+        app = make_app(server.url, uid)
+        prefix, queue = app.conf.delayed_key_prefix, app.conf.task_default_queue
+        sched = SchedulerProcess(server.url, prefix, queue)
+        workers.append(sched)
+        wait_for(lambda: "maxmemory-policy allkeys-lru" in sched.output(), 30, what="the scheduler's warning")
+        assert "ERROR" in sched.output().split("maxmemory-policy allkeys-lru")[0].splitlines()[-1]
+        res = run_celery(server.url, prefix, queue, "delayed", "status")
+        assert res.returncode == 0, res.stderr
+        assert "WARNING: the store's Redis has maxmemory-policy allkeys-lru" in res.stdout
+        sched.stop()
