@@ -12,6 +12,7 @@ guard of ``celery_delayed.worker.kombu_fixes``, kombu 5.7 raises
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 from kombu import Connection, Exchange, Queue
@@ -43,14 +44,10 @@ def main() -> None:
         cycle._register_BRPOP(ch)  # a BRPOP is outstanding
         cycle._register_LISTEN(ch2)  # a SUBSCRIBE is outstanding
         server.stop("kill")
-        try:
+        with contextlib.suppress(Exception):  # Celery ignores anything here
             conn.collect(socket_timeout=5)
-        except Exception:  # Celery ignores anything here
-            pass
-        try:
-            conn.close()  # Celery: ignore_errors(conn, conn.close): only connection errors are ignored
-        except conn.connection_errors:
-            pass
+        with contextlib.suppress(*conn.connection_errors):  # Celery: ignore_errors(conn, conn.close)
+            conn.close()
         print("RESULT: OK")
     except Exception as exc:
         print(f"RESULT: CRASH {exc!r}")
