@@ -30,6 +30,7 @@ from .errors import (
     StoreFull,
     StoreUnavailable,
     UnknownTask,
+    Unpublishable,
 )
 
 # Wiring an app into Celery
@@ -65,6 +66,7 @@ __all__ = [
     "StoreFull",
     "StoreUnavailable",
     "UnknownTask",
+    "Unpublishable",
     "apply_later",
     "apply_later_many",
     "cancel",

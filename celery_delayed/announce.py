@@ -62,7 +62,10 @@ class Announcer:
 
     def misfired(self, job_id: str, reason: str) -> None:
         """The misfire policy dead-lettered the job: FAILURE (:class:`Misfired`) in the backend, ``task-failed``."""
-        exc = Misfired(reason)
+        self.failed(job_id, Misfired(reason))
+
+    def failed(self, job_id: str, exc: Exception) -> None:
+        """The job was dead-lettered without running: FAILURE with ``exc`` in the backend, ``task-failed``."""
         try:
             backend = self._backend()
             if backend is not None:

@@ -103,6 +103,8 @@ SETTINGS: tuple[Setting, ...] = (
             "after this; heartbeat every quarter of it", lo=500, hi=3_600_000, unit="ms"),
     Setting("claim_lease_ms", int, 60_000, "publish path: time to publish a claimed job before it is claimed again",
             lo=500, hi=86_400_000, unit="ms"),
+    Setting("publish_max_refusals", int, 5, "publish path: a message the broker refuses (no such exchange, too "
+            "large, nacked) is put back at once, and dead-lettered after this many refusals", lo=1, hi=1000),
     Setting("record_ttl_s", int, 7 * _DAY_S, "how long a released or cancelled job's record stays readable",
             lo=1, hi=10 * _YEAR_S, unit="s"),
     Setting("max_payload_bytes", int, 1 << 20, "largest message `apply_later` accepts",
@@ -206,6 +208,7 @@ class DelayedConfig:
     batch_size: int
     lease_ms: int
     claim_lease_ms: int
+    publish_max_refusals: int
     record_ttl_s: int
     max_payload_bytes: int
     exec_lease_ms: int

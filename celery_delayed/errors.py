@@ -105,3 +105,11 @@ class Misfired(DelayedError):
     Stored in the result backend as the job's failure, so ``AsyncResult.get()``
     raises it.
     """
+
+
+class Unpublishable(DelayedError):
+    """The broker refused the job's message ``delayed_publish_max_refusals`` times (publish path).
+
+    For example no such exchange, or a message over the broker's size limit;
+    the job is dead-lettered with the broker's reason.
+    """

@@ -113,6 +113,7 @@ class Field:
     REQUEUED = "requeued"
     REQUEUED_AT = "requeued_at"
     GENERATION = "gen"
+    REFUSED = "refused"
 
 
 #: Record fields that hold epoch-ms times (shown as dates by the CLI).

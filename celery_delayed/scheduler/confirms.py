@@ -57,6 +57,11 @@ class BatchConfirms:
     def _on_nack(self, tag: int, multiple: bool) -> None:
         self._settle(tag, multiple, self._nacked)
 
+    @property
+    def acked(self) -> list[str]:
+        """The job ids the broker acknowledged so far (since the last :meth:`wait`)."""
+        return list(self._acked)
+
     def wait(self, timeout_s: float) -> tuple[list[str], list[str]]:
         """Wait until every published message is acked or nacked; return (acked, nacked) job ids.
 

@@ -19,11 +19,15 @@ from celery import Celery
 from kombu import Exchange, Queue
 
 from ..announce import Announcer
+from ..errors import Unpublishable
 from ..store import Batch, Store
+from ..vocab import JobState
 from .confirms import BatchConfirms
 
 logger = logging.getLogger("celery_delayed.scheduler")
 
+#: The reason of a nack (not counted toward dead-lettering: the broker could not take the message now).
+NACKED = "the broker nacked the message"
 _CONNECT_RETRY = {"max_retries": 1, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5}
 _RETRY_POLICY = {"max_retries": 3, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5}
 
@@ -59,8 +63,12 @@ class PublishMover:
     On an AMQP broker the batch is published with publisher confirms (unless
     ``broker_transport_options`` sets ``confirm_publish`` False), waited for
     once per batch; only the messages the broker confirmed are acknowledged.
-    A refused (nacked) or unconfirmed message stays claimed and is published
-    again when its claim lease runs out: at-least-once.
+    An unconfirmed message stays claimed and is published again when its
+    claim lease runs out: at-least-once. A message the broker refuses (a
+    nack, or a channel error such as no such exchange or over its size
+    limit) is put back at once, without holding up the rest of its batch,
+    and dead-lettered with the broker's reason after
+    ``delayed_publish_max_refusals`` refusals.
     """
 
     def __init__(self, app: Celery, store: Store) -> None:
@@ -72,6 +80,7 @@ class PublishMover:
         self._conn: Any = None
         self._producer: Any = None
         self._confirms: BatchConfirms | None = None
+        self._amqp = False
         opts = app.conf.broker_transport_options or {}
         self._want_confirms = opts.get("confirm_publish", True) is not False
         self._confirm_timeout_s = max(1.0, store.config.claim_lease_ms / 2000.0)
@@ -83,7 +92,9 @@ class PublishMover:
         """True when batches are published with publisher confirms (connected to AMQP)."""
         return self._confirms is not None
 
-    def _get_producer(self) -> Any:
+    def _get_producer(self, force_confirms: bool = False) -> Any:
+        if self._producer is not None and force_confirms and self._confirms is None and self._amqp:
+            self.close()
         if self._producer is None:
             conn = self.app.connection_for_write()
             amqp = conn.transport.driver_type == "amqp"
@@ -95,7 +106,8 @@ class PublishMover:
             # itself and must stay responsive to a stop meanwhile.
             conn.ensure_connection(**_CONNECT_RETRY)
             self._producer = self.app.amqp.Producer(conn, auto_declare=False)
-            if amqp and self._want_confirms:
+            self._amqp = amqp
+            if amqp and (self._want_confirms or force_confirms):
                 self._confirms = BatchConfirms(self._producer.channel)
         return self._producer
 
@@ -113,7 +125,7 @@ class PublishMover:
         if not batch.ids:
             return batch
         try:
-            published = self._publish_batch(batch)
+            published, refused = self._publish_batch(batch)
         except Exception:
             # The claims stay in flight and are claimed again when they expire.
             self.close()
@@ -121,24 +133,41 @@ class PublishMover:
         if self.before_ack is not None:
             self.before_ack(batch)
         self.store.ack_claimed(shard, published)
-        if len(published) < len(batch.ids):
-            logger.warning(
-                "shard %d: the broker refused %d of %d messages; they are published again after "
-                "the claim lease (%d ms)", shard, len(batch.ids) - len(published), len(batch.ids),
-                self.store.config.claim_lease_ms,
-            )
-            sent = set(published)
-            self.announce.sent([e for jid, e in zip(batch.ids, batch.events, strict=True) if jid in sent])
-        else:
-            self.announce.sent(batch.events)
+        if refused:
+            self._put_back(shard, refused)
+        sent = set(published)
+        self.announce.sent([e for jid, e in zip(batch.ids, batch.events, strict=True) if jid in sent])
+        unconfirmed = len(batch.ids) - len(published) - len(refused)
+        if unconfirmed:
+            logger.warning("shard %d: %d of %d messages were not confirmed; they are published again after the "
+                           "claim lease (%d ms)", shard, unconfirmed, len(batch.ids),
+                           self.store.config.claim_lease_ms)
         return batch
 
-    def _publish_batch(self, batch: Batch) -> list[str]:
-        """Publish every claimed message; return the ids the broker took.
+    def _put_back(self, shard: int, refused: list[tuple[str, str, bool]]) -> None:
+        """Jobs the broker refused: back to the due set at once, dead-lettered after too many refusals."""
+        self.refused += len(refused)
+        reasons = {job_id: why for job_id, why, _ in refused}
+        for job_id, state, n in self.store.refuse_claimed(shard, refused):
+            if state == JobState.DEAD:
+                reason = reasons[job_id]
+                logger.error("job %s: the broker refused its message %d times (%s): dead-lettered", job_id, n,
+                             reason)
+                self.announce.failed(job_id, Unpublishable(reason))
+            elif state == JobState.SCHEDULED:
+                logger.warning("job %s: the broker refused its message (%s); trying again (refusal %d of %d)",
+                               job_id, reasons[job_id], n, self.store.config.publish_max_refusals)
+
+    def _publish_batch(self, batch: Batch) -> tuple[list[str], list[tuple[str, str, bool]]]:
+        """Publish every claimed message; return the ids the broker took, and (id, reason, counts) it refused.
 
         A connection lost mid-batch is replaced once and the whole batch
         published again (duplicates are allowed on this path; waiting out the
-        claim lease is not needed for a blip).
+        claim lease is not needed for a blip). A channel error (AMQP closes
+        the channel for a message it cannot take: no such exchange, too
+        large) stops the batch: the messages not yet confirmed are then
+        published one at a time, so the refused ones are found and the others
+        go out.
         """
         for attempt in (1, 2):
             try:
@@ -148,22 +177,58 @@ class PublishMover:
                     if self._confirms is not None:
                         self._confirms.published(jid)
                 if self._confirms is None:
-                    return list(batch.ids)
+                    return list(batch.ids), []
                 acked, nacked = self._confirms.wait(self._confirm_timeout_s)
                 self.confirmed += len(acked)
-                self.refused += len(nacked)
-                return acked
+                return acked, [(jid, NACKED, False) for jid in nacked]
             except Exception as exc:
+                if self._channel_error(exc):
+                    done = self._confirms.acked if self._confirms is not None else []
+                    logger.warning("publishing a batch failed (%s): publishing its %d unconfirmed message(s) one "
+                                   "at a time", exc, len(batch.ids) - len(done))
+                    self.close()
+                    ok, refused = self._publish_singly(batch, set(done))
+                    return done + ok, refused
                 if attempt == 2 or not self._connection_error(exc):
                     raise
                 logger.warning("publishing a batch failed (%s); reconnecting to publish it again", exc)
                 self.close()
         raise AssertionError("unreachable")
 
+    def _publish_singly(self, batch: Batch, skip: set[str]) -> tuple[list[str], list[tuple[str, str, bool]]]:
+        """Publish messages one at a time, each confirmed on its own; return (taken ids, refused)."""
+        taken: list[str] = []
+        refused: list[tuple[str, str, bool]] = []
+        for jid, (msg, ex, rk, q) in zip(batch.ids, batch.messages, strict=True):
+            if jid in skip:
+                continue
+            try:
+                producer = self._get_producer(force_confirms=True)
+                self._publish(producer, msg, ex, rk, q)
+                if self._confirms is not None:
+                    self._confirms.published(jid)
+                    _, nacked = self._confirms.wait(self._confirm_timeout_s)
+                    if nacked:
+                        refused.append((jid, NACKED, False))
+                        continue
+                taken.append(jid)
+            except Exception as exc:
+                if self._connection_error(exc) and not self._channel_error(exc):
+                    raise  # the loop backs off; the claims stay in flight
+                refused.append((jid, f"{type(exc).__name__}: {exc}"[:500], True))
+                self.close()
+        self.confirmed += len(taken)
+        return taken, refused
+
     def _connection_error(self, exc: BaseException) -> bool:
         conn = self._conn or self.app.connection_for_write()
         errors = tuple(conn.connection_errors) + tuple(conn.channel_errors)
         return isinstance(exc, errors)
+
+    def _channel_error(self, exc: BaseException) -> bool:
+        """An error that closed the channel but not the connection (AMQP's answer to one bad message)."""
+        conn = self._conn or self.app.connection_for_write()
+        return isinstance(exc, tuple(conn.channel_errors)) and not isinstance(exc, tuple(conn.connection_errors))
 
     def _publish(self, producer: Any, msg: str, ex: str, rk: str, q: str) -> None:
         env = json.loads(msg)

@@ -32,6 +32,8 @@ from .keys import Keys, shard_for
 from .loader import Arg, Script, Scripts, scripts
 from .records import NEW_JOB_FIELDS, Batch, NewJob, Outcome, Scheduled, Started
 
+#: Delay before a job the broker refused is published again, ms (doubled after each refusal).
+_REFUSED_DELAY_MS = 1000
 #: Payload prefix of a membership notice on the wake channel.
 MEMBERS_NOTICE = "members|"
 
@@ -363,6 +365,29 @@ class Store:
             self.scripts.ack_claimed, [sk.inflight],
             [_now(now_ms), sk.job_prefix, self.config.record_ttl_ms, *ids],
         ))
+
+    def refuse_claimed(
+        self, shard: int, refused: Sequence[tuple[str, str, bool]], now_ms: int | None = None,
+    ) -> list[tuple[str, str, int]]:
+        """Publish path (``refuse_claimed.lua``): put back claimed jobs the broker refused.
+
+        ``refused``: (job id, the broker's reason, whether the refusal counts
+        toward ``delayed_publish_max_refusals``: True when the broker can never
+        take the message, False for a nack). Returns (id, state, counted
+        refusals) per job: SCHEDULED (put back, a little later each time) or
+        DEAD; another state when it was no longer in flight (left alone).
+        """
+        if not refused:
+            return []
+        cfg = self.config
+        sk = self.keys.shard(shard)
+        reply = self._run(
+            self.scripts.refuse_claimed, [sk.due, sk.buckets, sk.next, sk.inflight, sk.dlq],
+            [_now(now_ms), sk.job_prefix, cfg.bucket_ms, self.keys.wake, shard, cfg.publish_max_refusals,
+             _REFUSED_DELAY_MS, cfg.claim_lease_ms, cfg.dlq_max_age_s * 1000, cfg.dlq_max_len_per_shard,
+             *(x for job_id, why, counts in refused for x in (job_id, why, "1" if counts else ""))],
+        )
+        return [(str(reply[i]), str(reply[i + 1]), int(reply[i + 2])) for i in range(1, len(reply), 3)]
 
     # -- scheduler membership ----------------------------------------------------------
 

@@ -99,6 +99,7 @@ class Scripts:
         self.release_due = Script("release_due", flags)
         self.claim_due = Script("claim_due", flags)
         self.ack_claimed = Script("ack_claimed", flags)
+        self.refuse_claimed = Script("refuse_claimed", flags)
         self.heartbeat = Script("heartbeat", flags)
         self.rebalance = Script("rebalance", flags)
         # worker side: the execution ledger

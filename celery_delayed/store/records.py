@@ -18,6 +18,7 @@ ev         the task-sent event fields (JSON) when the app sends them
 sk         the shard key, when one was given
 ik         the idempotency key, when one was given
 claims     publish path: how many times it was claimed
+refused    publish path: how many times the broker refused its message
 exp        Celery's ``expires``, epoch ms: not sent when released at or after it
 ml, mf     max lateness (ms) and misfire policy ('skip' or 'dead'; absent =
            run anyway), checked at release (``producer/misfire.py``)

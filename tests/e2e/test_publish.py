@@ -83,8 +83,9 @@ def test_publish_mover_publishes_with_confirms_to_rabbitmq(redis_url, rabbitmq_u
 
 
 @pytest.mark.timeout(60)
-def test_refused_messages_stay_claimed(redis_url, rabbitmq_url, uid, rabbit_queue):
-    """RabbitMQ nacks publishes to a full queue (reject-publish): only the confirmed claims are acknowledged."""
+def test_nacked_messages_are_put_back_at_once(redis_url, rabbitmq_url, uid, rabbit_queue):
+    """RabbitMQ nacks publishes to a full queue (reject-publish): only the confirmed claims are acknowledged;
+    the nacked ones go back to the due set at once (they stayed claimed for a whole claim lease before)."""
     full = Queue(rabbit_queue, Exchange(rabbit_queue), routing_key=rabbit_queue,
                  queue_arguments={"x-max-length": 3, "x-overflow": "reject-publish"})
     app = make_app(rabbitmq_url, uid, delayed_redis_url=redis_url, delayed_shards=1, task_queues=[full])
@@ -98,8 +99,11 @@ def test_refused_messages_stay_claimed(redis_url, rabbitmq_url, uid, rabbit_queu
     assert sorted(batch.ids) == sorted(ids)
     assert (mover.confirmed, mover.refused) == (3, 2)
     states = collections.Counter(store.get(j)["st"] for j in ids)
-    assert states == {"QUEUED": 3, "CLAIMED": 2}
-    assert inflight(store.client, app.conf.delayed_key_prefix) == 2
+    # The nacked ones are put back at once (not held until their claim lease passes), and a nack does not
+    # count toward dead-lettering: the queue may have room later.
+    assert states == {"QUEUED": 3, "SCHEDULED": 2}
+    assert inflight(store.client, app.conf.delayed_key_prefix) == 0
+    assert all("refused" not in store.get(j) for j in ids)
 
 
 @pytest.mark.timeout(150)
@@ -219,3 +223,52 @@ def test_broker_down_keeps_the_claims_and_stops_promptly(redis_url, rabbitmq_url
             msg.ack()
     assert got == set(ids)
     print(f"\nbroker down: SIGTERM honoured in {stopped * 1000:.0f} ms; {len(ids)} jobs published after")
+
+
+@pytest.mark.timeout(90)
+def test_a_message_the_broker_refuses_is_put_back_at_once_then_dead_lettered(redis_url, rabbitmq_url, uid,
+                                                                           rabbit_queue, rclient):
+    """No such exchange: the broker closes the channel. The rest of the batch still goes out at once; the bad job
+    is retried a little later each time, then dead-lettered with the broker's reason (not every claim lease)."""
+    conf = {"delayed_shards": 1, "delayed_claim_lease_ms": 60_000, "delayed_publish_max_refusals": 3}
+    app = make_app(rabbitmq_url, uid, delayed_redis_url=redis_url, result_backend=redis_url, **conf)
+    store = get_store(app)
+    good = [apply_later(app, "e2e.mark", args=(i,), strict=False) for i in range(3)]
+    bad = apply_later(app, "e2e.mark", args=("bad",), exchange=f"no-such-exchange-{uid}", routing_key="rk",
+                      strict=False)
+    good += [apply_later(app, "e2e.mark", args=(i,), strict=False) for i in range(3, 6)]
+    mover = PublishMover(app, store)
+    try:
+        t0 = time.monotonic()
+        batch = mover.move(0, "", "", 100)
+        assert len(batch.ids) == 7
+        assert all(store.get(h.id)["st"] == "QUEUED" for h in good)  # the batch was not held up
+        rec = store.get(bad.id)
+        assert (rec["st"], rec["refused"]) == ("SCHEDULED", "1") and "NOT_FOUND" in rec["reason"]
+        assert inflight(store.client, app.conf.delayed_key_prefix) == 0
+        deadline = time.monotonic() + 30
+        while store.get(bad.id)["st"] != "DEAD" and time.monotonic() < deadline:
+            mover.move(0, "", "", 100)  # as the scheduler would, when the job is due again
+            time.sleep(0.1)
+        rec = store.get(bad.id)
+        assert (rec["st"], rec["refused"]) == ("DEAD", "3"), rec
+        assert time.monotonic() - t0 < 15  # 1 s + 2 s of back-off, not two 60 s claim leases
+        assert "no exchange" in rec["emsg"] and rec["etype"] == "Unpublishable"
+        assert bad.id in rclient.zrange(store.keys.shard(0).dlq, 0, -1)
+        assert mover.refused == 3
+    finally:
+        mover.close()
+    from celery_delayed import Unpublishable
+
+    with pytest.raises(Unpublishable, match="no exchange"):
+        bad.get(timeout=5)
+    got: list[str] = []
+    with Connection(rabbitmq_url) as conn, conn.SimpleQueue(rabbit_queue) as q:
+        while True:
+            try:
+                got.append(q.get(timeout=2).headers["id"])
+            except q.Empty:
+                break
+    # Each good job went out (those published before the channel closed may go out twice: at-least-once,
+    # the worker side drops the copy); the refused one never did.
+    assert set(got) == {h.id for h in good} and len(got) <= 2 * len(good)
