@@ -17,6 +17,7 @@ from .config import DelayedConfig, get_config
 # Errors
 from .errors import (
     ConfigurationError,
+    DatabaseUnavailable,
     DelayedError,
     DuplicateJob,
     InvalidOption,
@@ -48,6 +49,7 @@ from .worker.task import DelayedTask
 __all__ = [
     "Backoff",
     "ConfigurationError",
+    "DatabaseUnavailable",
     "DelayedConfig",
     "DelayedError",
     "DelayedResult",

@@ -13,7 +13,7 @@ from typing import Any
 from celery import Celery
 
 from .cancellation import cancel_job
-from .errors import DuplicateJob, InvalidOption
+from .errors import ConfigurationError, DuplicateJob, InvalidOption
 from .producer.jobs import PlainCalls, Prepared, job_id_for_key, lookup_task, prepare, refuse_taken
 from .producer.message import task_defaults
 from .result import DelayedResult
@@ -28,14 +28,25 @@ __all__ = ["apply_later", "apply_later_many", "cancel", "cancel_by_key", "job_id
 _GENERATION_TRIES = 5
 
 
-def _store_prepared(app: Celery, prepared: Sequence[Prepared]) -> list[DelayedResult]:
+def _store_prepared(app: Celery, prepared: Sequence[Prepared], connection: Any = None) -> list[DelayedResult]:
     """Store prepared jobs (one round trip) and return their handles.
 
     A job with an idempotency key whose previous job was cancelled is stored
     again as that job's next generation (one more round trip, only then): a
-    cancel frees the key.
+    cancel frees the key. With ``delayed_database_url`` the rows are written
+    first (:mod:`celery_delayed.sql.outbox`).
     """
     store = get_store(app)
+    if store.config.database_url:
+        # imported here: SQLAlchemy is an optional extra (celery-delayed[sql])
+        from .sql.outbox import store_with_rows
+        from .sql.rows import get_rows
+
+        rows = get_rows(app)
+        assert rows is not None
+        return store_with_rows(app, store, rows, prepared, connection)
+    if connection is not None:
+        raise ConfigurationError("connection= needs delayed_database_url (the jobs are rows of that database)")
     results = store.schedule([p.job for p in prepared])
     for _ in range(_GENERATION_TRIES):
         again = [(i, p.regenerate) for i, (p, res) in enumerate(zip(prepared, results, strict=True))
@@ -64,6 +75,7 @@ def apply_later(
     shard_key: str | int | None = None,
     idempotency_key: str | None = None,
     strict: bool = True,
+    connection: Any = None,
     **options: Any,
 ) -> DelayedResult:
     """Schedule task ``name`` to be sent to its queue at ``when`` (like ``send_task``).
@@ -81,6 +93,11 @@ def apply_later(
         idempotency_key: schedule at most one job per key: a second call
             returns the existing job (``created`` False).
         strict: refuse a task name this app does not define.
+        connection: with ``delayed_database_url``: the caller's open SQLAlchemy
+            ``Session`` or ``Connection``, or Django connection; the job's row
+            is written in its transaction and indexed in Redis once it
+            commits (rolled back: the job never existed). See
+            :mod:`celery_delayed.sql.outbox`.
         **options: Celery's ``apply_async`` options: queue, routing_key,
             exchange, priority, expires, headers, serializer, ...; and
             ``max_lateness`` (seconds) with ``misfire`` ("run", "skip" or
@@ -98,11 +115,11 @@ def apply_later(
     opts = (task_defaults(task) if task is not None else {}) | options
     p = prepare(app, name, args, kwargs, when, task_id=task_id, shard_key=shard_key,
                 idempotency_key=idempotency_key, task_type=task, options=opts)
-    return _store_prepared(app, [p])[0]
+    return _store_prepared(app, [p], connection)[0]
 
 
 def apply_later_many(
-    app: Celery, name: str, calls: Iterable[Mapping[str, Any]], *, strict: bool = True
+    app: Celery, name: str, calls: Iterable[Mapping[str, Any]], *, strict: bool = True, connection: Any = None,
 ) -> list[DelayedResult]:
     """Schedule many jobs of one task in few round trips (one per call, all shards pipelined).
 
@@ -137,9 +154,9 @@ def apply_later_many(
             chosen.append(p.job)
     if not prepared:
         return []
-    if chosen:
+    if chosen and not get_store(app).config.database_url:  # with a database its primary key refuses them
         refuse_taken(get_store(app), chosen)
-    return _store_prepared(app, prepared)
+    return _store_prepared(app, prepared, connection)
 
 
 def cancel(app: Celery, job_id: str, *, terminate: bool = False, signal: str = "SIGTERM") -> str:

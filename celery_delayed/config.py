@@ -138,6 +138,12 @@ SETTINGS: tuple[Setting, ...] = (
             choices=("run", "skip", "dead")),
     Setting("max_lateness_s", float, None, "default max lateness; `None` = no limit", lo=0.0, hi=float(_YEAR_S),
             nullable=True, unit="s"),
+    Setting("database_url", str, None, "a SQLAlchemy URL (PostgreSQL with psycopg 3, SQLite): every job is a row "
+            "there first, Redis is its time index (see Durability); `None` = Redis only", nullable=True),
+    Setting("reconcile_interval_s", float, 60.0, "how often a scheduler runs the reconciler (one at a time)",
+            lo=1.0, hi=float(_DAY_S), unit="s"),
+    Setting("requeue_after_s", float, 300.0, "a released job not started this long after its due time, whose "
+            "message is nowhere, is released again", lo=1.0, hi=float(30 * _DAY_S), unit="s"),
     Setting("intercept_eta", bool, False, "route `apply_async(eta=/countdown=)` and `Task.retry(countdown=)` of "
             "every task through the store (see Adopting without changing call sites)"),
     Setting("intercept_min_delay_s", float, 1.0, "with interception: shorter delays stay broker ETA messages",
@@ -193,6 +199,7 @@ _EXTRA_CHECKS: dict[str, Callable[[Any, Any], Any]] = {
     "key_prefix": _key_prefix,
     "dlq_queue": _non_empty("dlq_queue"),
     "dlq_task": _non_empty("dlq_task"),
+    "database_url": _non_empty("database_url"),
 }
 
 
@@ -227,6 +234,9 @@ class DelayedConfig:
     dlq_all_failures: bool
     misfire: str
     max_lateness_s: float | None
+    database_url: str | None
+    reconcile_interval_s: float
+    requeue_after_s: float
     intercept_eta: bool
     intercept_min_delay_s: float
 

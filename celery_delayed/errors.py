@@ -113,3 +113,7 @@ class Unpublishable(DelayedError):
     For example no such exchange, or a message over the broker's size limit;
     the job is dead-lettered with the broker's reason.
     """
+
+
+class DatabaseUnavailable(DelayedError, ConnectionError):
+    """The database of ``delayed_database_url`` could not be used; nothing was written anywhere."""

@@ -51,6 +51,10 @@ class DelayedResult(AsyncResult):  # type: ignore[misc]
         self.shard = shard
         self.due_ms = due_ms
         self.created = created
+        #: With a database: False when the job's row is committed but Redis could not be reached to index
+        #: it yet (the scheduler indexes it when Redis is back); None while a caller's transaction has not
+        #: committed it. True otherwise.
+        self.indexed: bool | None = True
 
     @property
     def on_ready(self) -> Any:

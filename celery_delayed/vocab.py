@@ -114,6 +114,8 @@ class Field:
     REQUEUED_AT = "requeued_at"
     GENERATION = "gen"
     REFUSED = "refused"
+    COPIES = "rr"
+    OUTBOX = "ob"
 
 
 #: Record fields that hold epoch-ms times (shown as dates by the CLI).

@@ -1,10 +1,13 @@
 --[[ ack_claimed: confirm that claimed jobs were published (publish path).
 
 KEYS[1]  in-flight set     {p}:{s}:inflight
+KEYS[2]  released set      {p}:{s}:released
+KEYS[3]  change log        {p}:{s}:changes
 ARGV[1]  now, epoch ms ('' = the Redis server's TIME)
 ARGV[2]  job key prefix    {p}:{s}:job:
 ARGV[3]  ttl of a released job's record, ms
-ARGV[4..] job ids
+ARGV[4]  '1' to append to the change log (a database mirrors the store), '' not
+ARGV[5..] job ids
 
 Returns the number of jobs acknowledged. A job no longer in flight (acked
 already, or cancelled) is not counted. An ack that comes after the claim
@@ -18,11 +21,12 @@ steady, so a full store keeps draining.
 ]]
 -- @flags allow-oom
 -- @include "common"
+-- @include "changes"
 
 local now = now_ms(ARGV[1])
 local prefix, ttl = ARGV[2], tonumber(ARGV[3])
-local n = 0
-for i = 4, #ARGV do
+local n, queued = 0, {}
+for i = 5, #ARGV do
   local id = ARGV[i]
   if redis.call('ZREM', KEYS[1], id) == 1 then
     local jk = prefix .. id
@@ -30,11 +34,14 @@ for i = 4, #ARGV do
     -- (RUNNING, or finished with its done-marker TTL) or a retry scheduled
     -- again keeps its message and TTL as they are.
     if redis.call('HGET', jk, 'st') == 'CLAIMED' then
+      -- The message stays until the job starts: the reconciler sends it again if the broker loses it.
       redis.call('HSET', jk, 'st', 'QUEUED', 'released', now)
-      redis.call('HDEL', jk, 'msg')
       redis.call('PEXPIRE', jk, ttl)
+      released_add(KEYS[2], id, redis.call('HGET', jk, 'due'))
+      queued[#queued + 1] = id
     end
     n = n + 1
   end
 end
+log_change(KEYS[3], ARGV[4], 'QUEUED', queued)
 return n

@@ -4,12 +4,15 @@ KEYS[1]  due set base      {p}:{s}:due
 KEYS[2]  bucket index      {p}:{s}:buckets
 KEYS[3]  in-flight set     {p}:{s}:inflight
 KEYS[4]  job record        {p}:{s}:job:<id>
+KEYS[5]  released set      {p}:{s}:released
+KEYS[6]  change log        {p}:{s}:changes
 ARGV[1]  now, epoch ms ('' = the Redis server's TIME)
 ARGV[2]  job id
 ARGV[3]  bucket width, ms (0 = one due set)
 ARGV[4]  ttl of the cancelled record, ms
 ARGV[5]  '1' to cancel a RUNNING job too (the caller terminates its execution;
          the worker's heartbeat then finds its lease lost), '' otherwise
+ARGV[6]  '1' to append to the change log (a database mirrors the store), '' not
 
 Returns {code, previous state}:
   OK           cancelled; previous state SCHEDULED (unindexed), CLAIMED or
@@ -24,6 +27,7 @@ steady, so a full store keeps draining.
 -- @flags allow-oom
 -- @include "common"
 -- @include "due_index"
+-- @include "changes"
 
 local jk = KEYS[4]
 local st, due = unpack(redis.call('HMGET', jk, 'st', 'due'))
@@ -35,7 +39,9 @@ if st == 'SCHEDULED' then
   due_rem(KEYS[1], KEYS[2], ARGV[2], tonumber(due), tonumber(ARGV[3]))
 end
 redis.call('ZREM', KEYS[3], ARGV[2])
+released_rem(KEYS[5], ARGV[2])
 redis.call('HSET', jk, 'st', 'CANCELLED', 'cancelled', now)
 redis.call('HDEL', jk, 'msg', 'lo', 'lu')
 redis.call('PEXPIRE', jk, tonumber(ARGV[4]))
+log_change(KEYS[6], ARGV[6], 'CANCELLED', {ARGV[2]})
 return {OK, st}

@@ -12,6 +12,7 @@ KEYS[3]  next due key      {p}:{s}:next
 KEYS[4]  lease key         {p}:{s}:lease
 KEYS[5]  in-flight set     {p}:{s}:inflight
 KEYS[6]  dead-letter set   {p}:{s}:dlq
+KEYS[7]  change log        {p}:{s}:changes
 ARGV[1]  now, epoch ms ('' = the Redis server's TIME)
 ARGV[2]  job key prefix    {p}:{s}:job:
 ARGV[3]  most jobs to claim in this call
@@ -22,6 +23,7 @@ ARGV[7]  claim lease, ms (how long the caller has to publish and ack)
 ARGV[8]  ttl of an expired / skipped job's record, ms
 ARGV[9]  dead letters' max age, ms (misfire 'dead': the set is trimmed)
 ARGV[10] most dead letters this shard keeps
+ARGV[11] '1' to append to the change log (a database mirrors the store), '' not
 
 Returns {code, claimed, skipped, next_due, now, then per claimed job:
 id, msg, exchange, routing_key, queue, ev, then per job not sent: id, state,
@@ -38,6 +40,7 @@ steady, so a full store keeps draining.
 -- @include "due_index"
 -- @include "dlq"
 -- @include "misfire"
+-- @include "changes"
 
 if not lease_ok(KEYS[4], ARGV[5], ARGV[6]) then return {NOT_OWNER, 0, 0, -1, 0} end
 local now = now_ms(ARGV[1])
@@ -45,7 +48,7 @@ local prefix, limit, bucket_ms = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local deadline = now + tonumber(ARGV[7])
 local out = {OK, 0, 0, -1, now}
 local claimed, skipped, dead = 0, 0, 0
-local not_sent = {}
+local not_sent, claimed_ids, unsent_by_state = {}, {}, {}
 local ttl = tonumber(ARGV[8])
 
 -- Expired or misfired: record it instead of claiming it; true when so.
@@ -56,6 +59,8 @@ local function held_back(id, jk)
   redis.call('ZREM', KEYS[5], id)
   mark_unsent(jk, KEYS[6], id, unsent, why, now, ttl)
   not_sent[#not_sent + 1] = id; not_sent[#not_sent + 1] = unsent; not_sent[#not_sent + 1] = why
+  unsent_by_state[unsent] = unsent_by_state[unsent] or {}
+  table.insert(unsent_by_state[unsent], id)
   skipped = skipped + 1
   if unsent == 'DEAD' then dead = dead + 1 end
   return true
@@ -65,6 +70,7 @@ local function emit(id, jk)
   local r = redis.call('HMGET', jk, 'msg', 'ex', 'rk', 'q', 'ev')
   redis.call('ZADD', KEYS[5], deadline, id)
   redis.call('HINCRBY', jk, 'claims', 1)
+  claimed_ids[#claimed_ids + 1] = id
   out[#out + 1] = id
   out[#out + 1] = r[1]
   out[#out + 1] = r[2] or ''
@@ -107,4 +113,6 @@ if #s > 0 and ((not e) or tonumber(s[2]) < e) then e = tonumber(s[2]) end
 set_next(KEYS[3], e)
 out[2], out[3], out[4] = claimed, skipped, e or -1
 for _, v in ipairs(not_sent) do out[#out + 1] = v end
+log_change(KEYS[7], ARGV[11], 'CLAIMED', claimed_ids)
+for state, ids in pairs(unsent_by_state) do log_change(KEYS[7], ARGV[11], state, ids) end
 return out

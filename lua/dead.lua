@@ -7,6 +7,8 @@ set is then trimmed by age and by count, so the dead-letter queue is bounded.
 KEYS[1]  job record        {p}:{s}:job:<id>
 KEYS[2]  dead letters      {p}:{s}:dlq
 KEYS[3]  in-flight set     {p}:{s}:inflight
+KEYS[4]  released set      {p}:{s}:released
+KEYS[5]  change log        {p}:{s}:changes
 ARGV[1]  now, epoch ms ('' = the Redis server's TIME)
 ARGV[2]  job id
 ARGV[3]  job key prefix    {p}:{s}:job:
@@ -14,10 +16,11 @@ ARGV[4]  max age of a dead letter, ms (older ones are dropped)
 ARGV[5]  most dead letters this shard keeps
 ARGV[6]  start of the attempt that failed, epoch ms ('' = now)
 ARGV[7]  execution owner token (worker side lease, `lo`; '' = no check)
-ARGV[8]  F, the number of record fields that follow
-ARGV[9 .. 8+F]      field names (task, q, ex, rk, msg, lk, bx, ps, etype, emsg,
+ARGV[8]  '1' to append to the change log (a database mirrors the store), '' not
+ARGV[9]  F, the number of record fields that follow
+ARGV[10 .. 9+F]     field names (task, q, ex, rk, msg, lk, bx, ps, etype, emsg,
                     tb, host, args, kwargs, attempts, ...)
-ARGV[9+F .. 8+2F]   their values ('' removes the field)
+ARGV[10+F .. 9+2F]  their values ('' removes the field)
 
 Returns {code, previous state, dropped}:
   OK           DEAD (previous state QUEUED, CLAIMED, RUNNING, or '' for a new
@@ -28,6 +31,7 @@ Returns {code, previous state, dropped}:
 -- @include "common"
 -- @include "attempts"
 -- @include "dlq"
+-- @include "changes"
 
 local jk, id = KEYS[1], ARGV[2]
 local st = redis.call('HGET', jk, 'st')
@@ -35,11 +39,13 @@ if st and not FAILABLE[st] then return {WRONG_STATE, st, 0} end
 if not owns(jk, st, ARGV[7]) then return {NOT_OWNER, st, 0} end
 local now = now_ms(ARGV[1])
 local started = attempt_started(jk, st, ARGV[6], now)
-set_fields(jk, 9, tonumber(ARGV[8]))
+set_fields(jk, 10, tonumber(ARGV[9]))
 close_attempt(jk, 'DEAD', 'died', started, now)
 redis.call('HDEL', jk, 'released', 'reason')
 redis.call('PERSIST', jk)  -- bounded by the trim below, not by a ttl
 redis.call('ZREM', KEYS[3], id)
+released_rem(KEYS[4], id)
 redis.call('ZADD', KEYS[2], now, id)
+log_change(KEYS[5], ARGV[8], 'DEAD', {id})
 local dropped = dlq_trim(KEYS[2], ARGV[3], now - tonumber(ARGV[4]), tonumber(ARGV[5]), 1000)
 return {OK, st or '', dropped}

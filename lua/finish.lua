@@ -1,6 +1,7 @@
 --[[ finish: end an execution: record its outcome and give the lease back.
 
 KEYS[1]  job record        {p}:{s}:job:<id>
+KEYS[2]  change log        {p}:{s}:changes
 ARGV[1]  now, epoch ms ('' = the Redis server's TIME)
 ARGV[2]  execution owner token (as given to start)
 ARGV[3]  outcome: SUCCEEDED or FAILED (terminal: the record becomes the done
@@ -10,6 +11,8 @@ ARGV[4]  ttl of a finished record, ms (delayed_done_ttl_s)
 ARGV[5]  ttl of a finished record that has an idempotency key, ms
          (delayed_idempotency_ttl_s; the longer of the two applies)
 ARGV[6]  reason ('' = none), kept as 'reason'
+ARGV[7]  the job id
+ARGV[8]  '1' to append to the change log (a database mirrors the store), '' not
 
 Returns {code, state}:
   OK          recorded; state = the outcome
@@ -23,6 +26,7 @@ steady, so a full store keeps draining.
 ]]
 -- @flags allow-oom
 -- @include "common"
+-- @include "changes"
 
 local jk = KEYS[1]
 local st, lo, ik = unpack(redis.call('HMGET', jk, 'st', 'lo', 'ik'))
@@ -33,6 +37,7 @@ redis.call('HDEL', jk, 'lo', 'lu')
 if outcome == 'QUEUED' then
   redis.call('HSET', jk, 'st', 'QUEUED')
   redis.call('PEXPIRE', jk, tonumber(ARGV[4]))  -- bounded, as at release
+  log_change(KEYS[2], ARGV[8], outcome, {ARGV[7]})
   return {OK, outcome}
 end
 redis.call('HSET', jk, 'st', outcome, 'finished', now_ms(ARGV[1]))
@@ -41,4 +46,5 @@ redis.call('HDEL', jk, 'msg')
 local ttl = tonumber(ARGV[4])
 if ik and ik ~= '' then ttl = math.max(ttl, tonumber(ARGV[5])) end
 redis.call('PEXPIRE', jk, ttl)
+log_change(KEYS[2], ARGV[8], outcome, {ARGV[7]})
 return {OK, outcome}

@@ -13,6 +13,7 @@ KEYS[2]  bucket index      {p}:{s}:buckets
 KEYS[3]  next due key      {p}:{s}:next
 KEYS[4]  in-flight set     {p}:{s}:inflight
 KEYS[5]  dead-letter set   {p}:{s}:dlq
+KEYS[6]  change log        {p}:{s}:changes
 ARGV[1]  now, epoch ms ('' = the Redis server's TIME)
 ARGV[2]  job key prefix    {p}:{s}:job:
 ARGV[3]  bucket width, ms (0 = one due set)
@@ -23,7 +24,8 @@ ARGV[7]  delay after the first refusal, ms (doubled after each)
 ARGV[8]  longest delay, ms
 ARGV[9]  dead letters' max age, ms
 ARGV[10] most dead letters this shard keeps
-ARGV[11..] triples: job id, the broker's reason, '1' when the refusal counts
+ARGV[11] '1' to append to the change log (a database mirrors the store), '' not
+ARGV[12..] triples: job id, the broker's reason, '1' when the refusal counts
            toward `max` ('' for a nack)
 
 Returns {OK, then per job: id, state, counted refusals}: state SCHEDULED (put back),
@@ -37,12 +39,14 @@ steady, so a full store keeps draining.
 -- @include "common"
 -- @include "due_index"
 -- @include "dlq"
+-- @include "changes"
 
 local now = now_ms(ARGV[1])
 local prefix, bucket_ms = ARGV[2], tonumber(ARGV[3])
 local max, base, cap = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local out, dead, earliest_back = {OK}, 0, nil
-for i = 11, #ARGV, 3 do
+local back_ids, dead_ids = {}, {}
+for i = 12, #ARGV, 3 do
   local id, why, counts = ARGV[i], ARGV[i + 1], ARGV[i + 2] == '1'
   local jk = prefix .. id
   local st = redis.call('HGET', jk, 'st')
@@ -60,6 +64,7 @@ for i = 11, #ARGV, 3 do
       redis.call('HSET', jk, 'st', 'DEAD', 'died', now, 'reason', reason, 'etype', 'Unpublishable', 'emsg', reason)
       redis.call('ZADD', KEYS[5], now, id)
       st, dead = 'DEAD', dead + 1
+      dead_ids[#dead_ids + 1] = id
     else
       local tries = redis.call('HINCRBY', jk, 'claims', 0)  -- back off by how often it was claimed
       local due = now + math.min(cap, base * 2 ^ math.max(0, tries - 1))
@@ -67,6 +72,7 @@ for i = 11, #ARGV, 3 do
       due_add(KEYS[1], KEYS[2], id, due, bucket_ms)
       if (not earliest_back) or due < earliest_back then earliest_back = due end
       st = 'SCHEDULED'
+      back_ids[#back_ids + 1] = id
     end
   end
   out[#out + 1] = id
@@ -75,4 +81,6 @@ for i = 11, #ARGV, 3 do
 end
 if earliest_back then maybe_wake(KEYS[3], ARGV[4], ARGV[5], earliest_back) end
 if dead > 0 then dlq_trim(KEYS[5], prefix, now - tonumber(ARGV[9]), tonumber(ARGV[10]), 1000) end
+log_change(KEYS[6], ARGV[11], 'SCHEDULED', back_ids)
+log_change(KEYS[6], ARGV[11], 'DEAD', dead_ids)
 return out

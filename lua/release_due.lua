@@ -10,6 +10,8 @@ KEYS[2]  bucket index      {p}:{s}:buckets
 KEYS[3]  next due key      {p}:{s}:next
 KEYS[4]  lease key         {p}:{s}:lease
 KEYS[5]  dead-letter set   {p}:{s}:dlq
+KEYS[6]  released set      {p}:{s}:released
+KEYS[7]  change log        {p}:{s}:changes
 ARGV[1]  now, epoch ms ('' = the Redis server's TIME)
 ARGV[2]  job key prefix    {p}:{s}:job:
 ARGV[3]  most jobs to release in this call
@@ -23,6 +25,7 @@ ARGV[9]  kombu's dead-letter queue for unroutable messages (transport option
          it, and the record is marked reason=UNROUTABLE)
 ARGV[10] dead letters' max age, ms (misfire 'dead' trims the dead-letter set)
 ARGV[11] most dead letters this shard keeps
+ARGV[12] '1' to append to the change log (a database mirrors the store), '' not
 
 A record's routing fields: lk = the list key to LPUSH (anonymous exchange:
 global_keyprefix + queue + priority suffix); or bx = the exchange's binding
@@ -49,35 +52,17 @@ steady, so a full store keeps draining.
 -- @include "due_index"
 -- @include "dlq"
 -- @include "misfire"
+-- @include "changes"
+-- @include "destination"
 
 if not lease_ok(KEYS[4], ARGV[5], ARGV[6]) then return {NOT_OWNER, 0, 0, -1, 0} end
 local now = now_ms(ARGV[1])
 local prefix, limit, bucket_ms = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local ttl, gkp, dead_queue = tonumber(ARGV[7]), ARGV[8], ARGV[9]
-local SEP = '\6\22'  -- kombu.transport.redis.Channel.sep
-
--- Named direct exchange: push to every queue bound with this routing key.
-local function push_bound(bx, rk, ps, msg)
-  local pushed = 0
-  for _, m in ipairs(redis.call('SMEMBERS', bx)) do
-    local a = string.find(m, SEP, 1, true)
-    if a and string.sub(m, 1, a - 1) == rk then
-      local b = string.find(m, SEP, a + 2, true)
-      local queue = string.sub(m, b + 2)
-      redis.call('LPUSH', gkp .. queue .. ps, msg)
-      pushed = pushed + 1
-    end
-  end
-  if pushed > 0 then return true end
-  if dead_queue == '' then return false end
-  redis.call('LPUSH', gkp .. dead_queue .. ps, msg)
-  return true
-end
-
 local ids = take_due(KEYS[1], KEYS[2], bucket_ms, now, limit)
 local out = {OK, 0, 0, -1, now}
 local released, skipped, dead = 0, 0, 0
-local not_sent = {}
+local not_sent, sent_ids, unsent_by_state = {}, {}, {}
 local batches, lists = {}, {}
 -- Push what is batched (before any other push, so queue order stays due order).
 local function flush()
@@ -104,6 +89,8 @@ for _, id in ipairs(ids) do
   if unsent then
     mark_unsent(jk, KEYS[5], id, unsent, why, now, ttl)
     not_sent[#not_sent + 1] = id; not_sent[#not_sent + 1] = unsent; not_sent[#not_sent + 1] = why
+    unsent_by_state[unsent] = unsent_by_state[unsent] or {}
+    table.insert(unsent_by_state[unsent], id)
     skipped = skipped + 1
     if unsent == 'DEAD' then dead = dead + 1 end
   -- A record stored without lk/bx (scheduled by an app on the publish path)
@@ -113,18 +100,17 @@ for _, id in ipairs(ids) do
       local batch = batches[lk]  -- pushed at the end, one LPUSH per list: same order, fewer calls
       if not batch then batch = {}; batches[lk] = batch; lists[#lists + 1] = lk end
       batch[#batch + 1] = msg
-    elseif bx then
-      flush()
-      if not push_bound(bx, rk or '', ps or '', msg) then
-        redis.call('HSET', jk, 'reason', 'UNROUTABLE')
-      end
     else
       flush()
-      redis.call('LPUSH', gkp .. q, msg)
+      local lists = dest_lists(gkp, false, bx, rk, ps, q, dead_queue)
+      for _, list in ipairs(lists) do redis.call('LPUSH', list, msg) end
+      if #lists == 0 then redis.call('HSET', jk, 'reason', 'UNROUTABLE') end
     end
+    -- The message stays until the job starts: the reconciler sends it again if the broker loses it.
     redis.call('HSET', jk, 'st', 'QUEUED', 'released', now)
-    redis.call('HDEL', jk, 'msg')
     redis.call('PEXPIRE', jk, ttl)
+    released_add(KEYS[6], id, due or redis.call('HGET', jk, 'due'))
+    sent_ids[#sent_ids + 1] = id
     released = released + 1
     out[#out + 1] = id
     out[#out + 1] = ev or ''
@@ -140,4 +126,6 @@ local e = earliest(KEYS[1], KEYS[2], bucket_ms)
 set_next(KEYS[3], e)
 out[2], out[3], out[4] = released, skipped, e or -1
 for _, v in ipairs(not_sent) do out[#out + 1] = v end
+log_change(KEYS[7], ARGV[12], 'QUEUED', sent_ids)
+for state, ids in pairs(unsent_by_state) do log_change(KEYS[7], ARGV[12], state, ids) end
 return out

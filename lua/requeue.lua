@@ -4,13 +4,15 @@ KEYS[1]  due set base      {p}:{s}:due
 KEYS[2]  bucket index      {p}:{s}:buckets
 KEYS[3]  next due key      {p}:{s}:next
 KEYS[4]  dead letters      {p}:{s}:dlq
+KEYS[5]  change log        {p}:{s}:changes
 ARGV[1]  now, epoch ms ('' = the Redis server's TIME)
 ARGV[2]  job key prefix    {p}:{s}:job:
 ARGV[3]  due: '<ms>' epoch ms, or '+<ms>' a delay added to now
 ARGV[4]  bucket width, ms (0 = one due set)
 ARGV[5]  wake channel      {p}:wake
 ARGV[6]  shard number
-ARGV[7..] job ids
+ARGV[7]  '1' to append to the change log (a database mirrors the store), '' not
+ARGV[8..] job ids
 
 Each DEAD job gets st=SCHEDULED, the due time, retries=0 (its stored message
 was built with retries 0), and leaves the dead-letter set; its failure
@@ -24,12 +26,13 @@ Returns {due ms, then per id, in order: code, state}:
 ]]
 -- @include "common"
 -- @include "due_index"
+-- @include "changes"
 
 local now = now_ms(ARGV[1])
 local prefix, bucket_ms = ARGV[2], tonumber(ARGV[4])
 local due = due_from(ARGV[3], now)
-local out, any = {due}, false
-for i = 7, #ARGV do
+local out, requeued = {due}, {}
+for i = 8, #ARGV do
   local id = ARGV[i]
   local jk = prefix .. id
   local st = redis.call('HGET', jk, 'st')
@@ -49,10 +52,11 @@ for i = 7, #ARGV do
     redis.call('HSET', jk, 'st', 'SCHEDULED', 'due', due, 'retries', 0, 'requeued_at', now)
     redis.call('HINCRBY', jk, 'requeued', 1)
     due_add(KEYS[1], KEYS[2], id, due, bucket_ms)
-    any = true
+    requeued[#requeued + 1] = id
   end
   out[#out + 1] = code
   out[#out + 1] = st or ''
 end
-if any then maybe_wake(KEYS[3], ARGV[5], ARGV[6], due) end
+if #requeued > 0 then maybe_wake(KEYS[3], ARGV[5], ARGV[6], due) end
+log_change(KEYS[5], ARGV[7], 'SCHEDULED', requeued)
 return out

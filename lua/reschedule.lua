@@ -4,12 +4,14 @@ KEYS[1]  due set base      {p}:{s}:due
 KEYS[2]  bucket index      {p}:{s}:buckets
 KEYS[3]  next due key      {p}:{s}:next
 KEYS[4]  job record        {p}:{s}:job:<id>
+KEYS[5]  change log        {p}:{s}:changes
 ARGV[1]  now, epoch ms ('' = the Redis server's TIME)
 ARGV[2]  job id
 ARGV[3]  new due time: '<ms>' epoch ms, or '+<ms>' a delay from now
 ARGV[4]  bucket width, ms (0 = one due set)
 ARGV[5]  wake channel      {p}:wake
 ARGV[6]  shard number
+ARGV[7]  '1' to append to the change log (a database mirrors the store), '' not
 
 Returns {code, state, due}:
   OK           moved; due = the new due time, epoch ms
@@ -18,6 +20,7 @@ Returns {code, state, due}:
 ]]
 -- @include "common"
 -- @include "due_index"
+-- @include "changes"
 
 local jk, id = KEYS[4], ARGV[2]
 local st, due = unpack(redis.call('HMGET', jk, 'st', 'due'))
@@ -29,4 +32,5 @@ due_rem(KEYS[1], KEYS[2], id, tonumber(due), bucket_ms)
 due_add(KEYS[1], KEYS[2], id, new_due, bucket_ms)
 redis.call('HSET', jk, 'due', new_due)
 maybe_wake(KEYS[3], ARGV[5], ARGV[6], new_due)
+log_change(KEYS[5], ARGV[7], 'SCHEDULED', {id})
 return {OK, st, new_due}

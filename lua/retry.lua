@@ -11,6 +11,8 @@ KEYS[2]  bucket index      {p}:{s}:buckets
 KEYS[3]  next due key      {p}:{s}:next
 KEYS[4]  in-flight set     {p}:{s}:inflight
 KEYS[5]  job record        {p}:{s}:job:<id>
+KEYS[6]  released set      {p}:{s}:released
+KEYS[7]  change log        {p}:{s}:changes
 ARGV[1]  now, epoch ms ('' = the Redis server's TIME)
 ARGV[2]  job id
 ARGV[3]  due: '<ms>' epoch ms, or '+<ms>' a delay added to now
@@ -20,9 +22,10 @@ ARGV[6]  shard number
 ARGV[7]  retries: the new message's `retries` header (1 for the first retry)
 ARGV[8]  start of the attempt that failed, epoch ms ('' = now)
 ARGV[9]  execution owner token (worker side lease, `lo`; '' = no check)
-ARGV[10] F, the number of record fields that follow
-ARGV[11 .. 10+F]     field names (task, q, ex, rk, msg, lk, bx, ps, ev, etype, ...)
-ARGV[11+F .. 10+2F]  their values ('' removes the field)
+ARGV[10] '1' to append to the change log (a database mirrors the store), '' not
+ARGV[11] F, the number of record fields that follow
+ARGV[12 .. 11+F]     field names (task, q, ex, rk, msg, lk, bx, ps, ev, etype, ...)
+ARGV[12+F .. 11+2F]  their values ('' removes the field)
 
 Returns {code, previous state, due ms}:
   OK           scheduled (previous state QUEUED, CLAIMED, RUNNING, or '' for a
@@ -34,6 +37,7 @@ Returns {code, previous state, due ms}:
 -- @include "common"
 -- @include "due_index"
 -- @include "attempts"
+-- @include "changes"
 
 local jk, id = KEYS[5], ARGV[2]
 local st, old_due = unpack(redis.call('HMGET', jk, 'st', 'due'))
@@ -46,13 +50,15 @@ local due = due_from(ARGV[3], now)
 local started = attempt_started(jk, st, ARGV[8], now)
 
 if not st then redis.call('HSET', jk, 'created', now) end
-set_fields(jk, 11, tonumber(ARGV[10]))
+set_fields(jk, 12, tonumber(ARGV[11]))
 drop_lease(jk)
 redis.call('HSET', jk, 'st', 'SCHEDULED', 'due', due, 'retries', ARGV[7], 'last_at', started)
 redis.call('HSETNX', jk, 'first_at', started)
 redis.call('HDEL', jk, 'released')
 redis.call('PERSIST', jk)  -- a released record was set to expire
 redis.call('ZREM', KEYS[4], id)  -- a CLAIMED job: its late ack must not touch it
+released_rem(KEYS[6], id)
 due_add(KEYS[1], KEYS[2], id, due, bucket_ms)
 maybe_wake(KEYS[3], ARGV[5], ARGV[6], due)
+log_change(KEYS[7], ARGV[10], 'SCHEDULED', {id})
 return {OK, st or '', due}

@@ -4,12 +4,16 @@ Re-reads the authoritative state just before the task body runs and, when the
 job may run, takes its execution lease: one execution at a time per job.
 
 KEYS[1]  job record        {p}:{s}:job:<id>
+KEYS[2]  released set      {p}:{s}:released
+KEYS[3]  change log        {p}:{s}:changes
 ARGV[1]  now, epoch ms ('' = the Redis server's TIME)
 ARGV[2]  execution owner token ("<hostname>|<pid>|<delivery tag>|<nonce>",
          unique per execution)
 ARGV[3]  execution lease, ms (the owner extends it with extend_lease)
 ARGV[4]  worker hostname (kept in the record as 'wk')
 ARGV[5]  the message's generation (its `delayed_gen` header; '' = 0)
+ARGV[6]  the job id
+ARGV[7]  '1' to append to the change log (a database mirrors the store), '' not
 
 Returns {code, state, attempt, lease_until, why}:
   OK           run: lease taken, state RUNNING; attempt = this execution's
@@ -31,6 +35,7 @@ steady, so a full store keeps draining.
 ]]
 -- @flags allow-oom
 -- @include "common"
+-- @include "changes"
 
 local jk = KEYS[1]
 local st, lo, lu, att, gen = unpack(redis.call('HMGET', jk, 'st', 'lo', 'lu', 'att', 'gen'))
@@ -44,6 +49,9 @@ if st == 'RUNNING' and lo ~= ARGV[2] and lu > now then return {BUSY, st, att, lu
 att = redis.call('HINCRBY', jk, 'att', 1)
 lu = now + tonumber(ARGV[3])
 redis.call('HSET', jk, 'st', 'RUNNING', 'lo', ARGV[2], 'lu', lu, 'started', now, 'wk', ARGV[4])
+redis.call('HDEL', jk, 'msg')  -- started: the reconciler will not send it again
+released_rem(KEYS[2], ARGV[6])
+log_change(KEYS[3], ARGV[7], 'RUNNING', {ARGV[6]})
 -- A running job's record must outlive the run: the TTL set at release is for
 -- records nobody starts; finish.lua sets the next one.
 redis.call('PERSIST', jk)

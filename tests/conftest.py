@@ -70,3 +70,15 @@ def workers() -> Iterator[list[WorkerProcess | SchedulerProcess]]:
 def rabbitmq_url() -> str:
     need("RabbitMQ on 127.0.0.1:5672", port_open("127.0.0.1", 5672))
     return "amqp://guest:guest@127.0.0.1:5672//"
+
+
+@pytest.fixture(params=["postgresql", "sqlite"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A private database, once PostgreSQL (created and dropped) and once SQLite (a file)."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'delayed.db'}"
+        return
+    from support.databases import postgres_database
+
+    with postgres_database() as url:
+        yield url

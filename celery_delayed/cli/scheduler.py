@@ -7,11 +7,12 @@ import logging
 import signal
 import threading
 from types import FrameType
+from typing import Any
 
 import click
 
 from ..errors import StoreUnavailable
-from ..store import ServerHealth, ShardStatus, get_store
+from ..store import ServerHealth, ShardStatus, Store, get_store
 from ._common import app_of, delayed, errors, fmt_ms
 
 
@@ -62,8 +63,9 @@ def status(ctx: click.Context, as_json: bool) -> None:
         # Live members only: a dead scheduler's entry stays until a heartbeat drops it.
         members = store.live_members()
         warnings = ServerHealth(store).warnings()
+        mirror = _mirror_lag(store) if store.config.database_url else None
     if as_json:
-        click.echo(json.dumps({"shards": rows, "schedulers": members, "warnings": warnings}))
+        click.echo(json.dumps({"shards": rows, "schedulers": members, "warnings": warnings, "mirror": mirror}))
         return
     click.echo(f"{'shard':>5} {'pending':>9} {'overdue':>8} {'inflight':>8}  next due / oldest overdue")
     for r in rows:
@@ -75,5 +77,21 @@ def status(ctx: click.Context, as_json: bool) -> None:
     firsts = [r["next_due_ms"] for r in rows if r["next_due_ms"] is not None]
     click.echo(f"total: {total} pending, {overdue} overdue, next due {fmt_ms(min(firsts) if firsts else None)}, "
                f"{len(members)} scheduler(s) {' '.join(members)}")
+    if mirror is not None:
+        lag = mirror["lag_s"]
+        click.echo(f"database mirror: {mirror['pending_changes']} change(s) not yet applied"
+                   + (f", the oldest {lag:.1f}s old" if lag is not None else ""))
     for w in warnings:
         click.echo(f"WARNING: {w}")
+
+
+def _mirror_lag(store: Store) -> dict[str, Any]:
+    """The state changes waiting for the database mirror, over all shards, and the age of the oldest."""
+    pending, oldest = 0, None
+    for s in range(store.config.shards):
+        n, first = store.changes_lag(s)
+        pending += n
+        if first is not None:
+            oldest = first if oldest is None else min(oldest, first)
+    lag = None if oldest is None else max(0.0, (store.now_ms() - oldest) / 1000)
+    return {"pending_changes": pending, "lag_s": lag}

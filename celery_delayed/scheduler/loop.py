@@ -26,6 +26,7 @@ from ..config import get_config
 from ..errors import ConfigurationError, LeaseLost, StoreFull, StoreUnavailable
 from ..store import ServerHealth, Store
 from ..store.health import UNCHECKED
+from .maintenance import Maintenance
 from .mover import Mover, make_mover
 from .wakeup import WakeListener
 
@@ -93,6 +94,7 @@ class Scheduler:
         # may predate them, so they are applied after it (see _apply).
         self._woken: dict[int, float] = {}
         self._listener = WakeListener(store, self._on_due, self._on_members, self._wake_all)
+        self.maintenance: Maintenance | None = None
 
     # -- clock -----------------------------------------------------------------
 
@@ -249,6 +251,23 @@ class Scheduler:
         until_hb = self._next_heartbeat - time.monotonic()
         return max(0.0, min(until_due, until_hb, self.max_sleep_s))
 
+    def held_shards(self) -> list[int]:
+        """The shards this scheduler holds now."""
+        with self._lock:
+            return sorted(self.shards)
+
+    def _start_maintenance(self) -> None:
+        """The mirror, the outbox sweep and the reconciler, in a thread of their own."""
+        rows = None
+        if self.config.database_url:
+            from ..sql.rows import get_rows  # SQLAlchemy is an optional extra
+
+            rows = get_rows(self.app)
+            assert rows is not None
+            rows.check_schema()
+        self.maintenance = Maintenance(self.store, rows, self.owner, self.held_shards)
+        self.maintenance.start()
+
     def preflight(self) -> list[str]:
         """Check the store before joining; return (and log) the warnings about its server.
 
@@ -259,6 +278,12 @@ class Scheduler:
             StoreUnavailable: Redis cannot be reached (the loop tries again).
         """
         self.store.check_fleet()
+        if self.config.database_url:
+            from ..sql.rows import get_rows  # SQLAlchemy is an optional extra
+
+            rows = get_rows(self.app)
+            assert rows is not None
+            rows.check_schema()
         warnings = ServerHealth(self.store).warnings()
         for w in warnings:
             logger.log(logging.WARNING if w.startswith(UNCHECKED) else logging.ERROR, "celery-delayed store: %s", w)
@@ -270,6 +295,8 @@ class Scheduler:
         self._wake.clear()
         if not self._checked:
             self.preflight()
+        if self.maintenance is None:
+            self._start_maintenance()
         if time.monotonic() >= self._next_heartbeat:
             self._heartbeat()
         self.release_due()
@@ -332,6 +359,8 @@ class Scheduler:
             logger.debug("closing the mover failed", exc_info=True)
 
     def _shutdown(self) -> None:
+        if self.maintenance is not None:
+            self.maintenance.stop()
         if self._joined:
             try:
                 self.store.heartbeat(self.owner, leave=True)  # hand the shards over at once

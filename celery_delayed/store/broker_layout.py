@@ -13,8 +13,9 @@ module is the one place that knows them (read from kombu, not guessed):
   sep + queue`` (``Channel.keyprefix_queue``);
 - a message no queue is bound for goes to the transport option
   ``deadletter_queue`` (kombu's virtual channel), or is dropped;
-- kombu tracks delivered, unacknowledged messages in the sorted set
-  ``global_keyprefix + unacked_index_key`` (delivery tag -> time, seconds).
+- kombu tracks delivered, unacknowledged messages in the hash
+  ``global_keyprefix + unacked_key`` (delivery tag -> message) and the sorted
+  set ``global_keyprefix + unacked_index_key`` (delivery tag -> time, seconds).
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ class BrokerLayout:
     priority_steps: tuple[int, ...] = tuple(RedisChannel.priority_steps)
     deadletter_queue: str = ""
     unacked_index_key: str = RedisChannel.unacked_index_key
+    unacked_key: str = RedisChannel.unacked_key
     sep: str = RedisChannel.sep
 
     @classmethod
@@ -93,12 +95,18 @@ class BrokerLayout:
             # Where kombu puts a message no queue is bound for (None: it drops it).
             deadletter_queue=opts.get("deadletter_queue", VirtualChannel.deadletter_queue) or "",
             unacked_index_key=opts.get("unacked_index_key", RedisChannel.unacked_index_key),
+            unacked_key=opts.get("unacked_key", RedisChannel.unacked_key),
         )
 
     @property
     def unacked_index(self) -> str:
         """The key of kombu's unacked index ('' on the publish path: not ours to touch)."""
         return self.global_keyprefix + self.unacked_index_key if self.direct else ""
+
+    @property
+    def unacked_hash(self) -> str:
+        """The key of kombu's hash of delivered, unacknowledged messages (delivery tag -> message)."""
+        return f"{self.global_keyprefix}{self.unacked_key}"
 
     def priority_suffix(self, priority: int) -> str:
         """The list-key suffix of a message priority (``Channel._q_for_pri``; clamped to 0-9 as kombu does)."""

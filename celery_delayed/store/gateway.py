@@ -16,7 +16,7 @@ import contextlib
 import json
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import redis
@@ -24,7 +24,7 @@ from celery import Celery
 from redis.exceptions import NoScriptError, ResponseError
 
 from ..config import DelayedConfig, get_config
-from ..errors import ConfigurationError, InvalidOption, JobNotFound, LeaseLost, raise_for
+from ..errors import ConfigurationError, InvalidOption, InvalidState, JobNotFound, LeaseLost, raise_for
 from ..vocab import Field, JobState, Reply
 from .broker_layout import BrokerLayout
 from .client import make_client, translate_errors
@@ -90,6 +90,11 @@ class Store:
             except ResponseError:
                 self._scripts = scripts(flags=False)
         return self._scripts
+
+    @property
+    def logs_changes(self) -> str:
+        """ARGV of the scripts that change a job: '1' when a database mirrors the store (the change log)."""
+        return "1" if self.config.database_url else ""
 
     @property
     def direct(self) -> bool:
@@ -273,8 +278,9 @@ class Store:
         s = self.locate(job_id, shard)
         sk = self.keys.shard(s)
         code, state = self._run(
-            self.scripts.cancel, [sk.due, sk.buckets, sk.inflight, sk.job(job_id)],
-            [_now(now_ms), job_id, self.config.bucket_ms, self.config.record_ttl_ms, "1" if running else ""],
+            self.scripts.cancel, [sk.due, sk.buckets, sk.inflight, sk.job(job_id), sk.released, sk.changes],
+            [_now(now_ms), job_id, self.config.bucket_ms, self.config.record_ttl_ms, "1" if running else "",
+             self.logs_changes],
         )
         raise_for(code, job_id, state, "cancel")
         return str(state)
@@ -289,8 +295,8 @@ class Store:
         s = self.locate(job_id, shard)
         sk = self.keys.shard(s)
         code, state, new_due = self._run(
-            self.scripts.reschedule, [sk.due, sk.buckets, sk.next, sk.job(job_id)],
-            [_now(now_ms), job_id, due, self.config.bucket_ms, self.keys.wake, s],
+            self.scripts.reschedule, [sk.due, sk.buckets, sk.next, sk.job(job_id), sk.changes],
+            [_now(now_ms), job_id, due, self.config.bucket_ms, self.keys.wake, s, self.logs_changes],
         )
         raise_for(code, job_id, state, "reschedule")
         return int(new_due)
@@ -309,10 +315,10 @@ class Store:
         sk = self.keys.shard(shard)
         cfg, broker = self.config, self.broker
         reply = self._run(
-            self.scripts.release_due, [sk.due, sk.buckets, sk.next, sk.lease, sk.dlq],
+            self.scripts.release_due, [sk.due, sk.buckets, sk.next, sk.lease, sk.dlq, sk.released, sk.changes],
             [_now(now_ms), sk.job_prefix, limit or cfg.batch_size, cfg.bucket_ms, owner, fence,
              cfg.record_ttl_ms, broker.global_keyprefix, broker.deadletter_queue, cfg.dlq_max_age_s * 1000,
-             cfg.dlq_max_len_per_shard],
+             cfg.dlq_max_len_per_shard, self.logs_changes],
         )
         batch = self._batch(reply, shard)
         end = 5 + 2 * batch.count
@@ -334,9 +340,10 @@ class Store:
         sk = self.keys.shard(shard)
         cfg = self.config
         reply = self._run(
-            self.scripts.claim_due, [sk.due, sk.buckets, sk.next, sk.lease, sk.inflight, sk.dlq],
+            self.scripts.claim_due, [sk.due, sk.buckets, sk.next, sk.lease, sk.inflight, sk.dlq, sk.changes],
             [_now(now_ms), sk.job_prefix, limit or cfg.batch_size, cfg.bucket_ms, owner, fence,
-             cfg.claim_lease_ms, cfg.record_ttl_ms, cfg.dlq_max_age_s * 1000, cfg.dlq_max_len_per_shard],
+             cfg.claim_lease_ms, cfg.record_ttl_ms, cfg.dlq_max_age_s * 1000, cfg.dlq_max_len_per_shard,
+             self.logs_changes],
         )
         batch = self._batch(reply, shard)
         end = 5 + 6 * batch.count
@@ -362,8 +369,8 @@ class Store:
             return 0
         sk = self.keys.shard(shard)
         return int(self._run(
-            self.scripts.ack_claimed, [sk.inflight],
-            [_now(now_ms), sk.job_prefix, self.config.record_ttl_ms, *ids],
+            self.scripts.ack_claimed, [sk.inflight, sk.released, sk.changes],
+            [_now(now_ms), sk.job_prefix, self.config.record_ttl_ms, self.logs_changes, *ids],
         ))
 
     def refuse_claimed(
@@ -382,9 +389,10 @@ class Store:
         cfg = self.config
         sk = self.keys.shard(shard)
         reply = self._run(
-            self.scripts.refuse_claimed, [sk.due, sk.buckets, sk.next, sk.inflight, sk.dlq],
+            self.scripts.refuse_claimed, [sk.due, sk.buckets, sk.next, sk.inflight, sk.dlq, sk.changes],
             [_now(now_ms), sk.job_prefix, cfg.bucket_ms, self.keys.wake, shard, cfg.publish_max_refusals,
              _REFUSED_DELAY_MS, cfg.claim_lease_ms, cfg.dlq_max_age_s * 1000, cfg.dlq_max_len_per_shard,
+             self.logs_changes,
              *(x for job_id, why, counts in refused for x in (job_id, why, "1" if counts else ""))],
         )
         return [(str(reply[i]), str(reply[i + 1]), int(reply[i + 2])) for i in range(1, len(reply), 3)]
@@ -464,9 +472,10 @@ class Store:
 
         ``generation`` is the delivered message's (its ``delayed_gen`` header).
         """
+        sk = self.keys.shard(shard)
         code, state, attempt, until, why = self._run(
-            self.scripts.start, [self.keys.shard(shard).job(job_id)],
-            [_now(now_ms), owner, self.config.exec_lease_ms, hostname, generation or ""],
+            self.scripts.start, [sk.job(job_id), sk.released, sk.changes],
+            [_now(now_ms), owner, self.config.exec_lease_ms, hostname, generation or "", job_id, self.logs_changes],
         )
         return Started(Reply(int(code)), str(state), int(attempt), int(until), str(why))
 
@@ -496,9 +505,11 @@ class Store:
         lease is not this owner's any more; state = the job's state).
         """
         cfg = self.config
+        sk = self.keys.shard(shard)
         code, state = self._run(
-            self.scripts.finish, [self.keys.shard(shard).job(job_id)],
-            [_now(now_ms), owner, outcome, cfg.done_ttl_s * 1000, cfg.idempotency_ttl_s * 1000, reason],
+            self.scripts.finish, [sk.job(job_id), sk.changes],
+            [_now(now_ms), owner, outcome, cfg.done_ttl_s * 1000, cfg.idempotency_ttl_s * 1000, reason, job_id,
+             self.logs_changes],
         )
         return Outcome(Reply(int(code)), str(state))
 
@@ -515,9 +526,9 @@ class Store:
         """
         sk = self.keys.shard(shard)
         code, state, due_ms = self._run(
-            self.scripts.retry, [sk.due, sk.buckets, sk.next, sk.inflight, sk.job(job_id)],
+            self.scripts.retry, [sk.due, sk.buckets, sk.next, sk.inflight, sk.job(job_id), sk.released, sk.changes],
             [_now(now_ms), job_id, due, self.config.bucket_ms, self.keys.wake, shard, retries,
-             _now(started_ms), owner, *_flatten(fields)],
+             _now(started_ms), owner, self.logs_changes, *_flatten(fields)],
         )
         return Outcome(Reply(int(code)), str(state), due_ms=int(due_ms))
 
@@ -528,8 +539,9 @@ class Store:
         """Mark the job FAILED (``fail.lua``); its record expires after the record ttl."""
         sk = self.keys.shard(shard)
         code, state = self._run(
-            self.scripts.fail, [sk.inflight, sk.job(job_id)],
-            [_now(now_ms), job_id, self.config.record_ttl_ms, _now(started_ms), owner, *_flatten(fields)],
+            self.scripts.fail, [sk.inflight, sk.job(job_id), sk.released, sk.changes],
+            [_now(now_ms), job_id, self.config.record_ttl_ms, _now(started_ms), owner, self.logs_changes,
+             *_flatten(fields)],
         )
         return Outcome(Reply(int(code)), str(state))
 
@@ -541,9 +553,9 @@ class Store:
         cfg = self.config
         sk = self.keys.shard(shard)
         code, state, dropped = self._run(
-            self.scripts.dead, [sk.job(job_id), sk.dlq, sk.inflight],
+            self.scripts.dead, [sk.job(job_id), sk.dlq, sk.inflight, sk.released, sk.changes],
             [_now(now_ms), job_id, sk.job_prefix, cfg.dlq_max_age_s * 1000, cfg.dlq_max_len_per_shard,
-             _now(started_ms), owner, *_flatten(fields)],
+             _now(started_ms), owner, self.logs_changes, *_flatten(fields)],
         )
         return Outcome(Reply(int(code)), str(state), dropped=int(dropped))
 
@@ -557,8 +569,9 @@ class Store:
         """
         sk = self.keys.shard(shard)
         reply = self._run(
-            self.scripts.requeue, [sk.due, sk.buckets, sk.next, sk.dlq],
-            [_now(now_ms), sk.job_prefix, due, self.config.bucket_ms, self.keys.wake, shard, *ids],
+            self.scripts.requeue, [sk.due, sk.buckets, sk.next, sk.dlq, sk.changes],
+            [_now(now_ms), sk.job_prefix, due, self.config.bucket_ms, self.keys.wake, shard, self.logs_changes,
+             *ids],
         )
         rest = reply[1:]
         return int(reply[0]), [Outcome(Reply(int(rest[i])), str(rest[i + 1])) for i in range(0, len(rest), 2)]
@@ -573,6 +586,103 @@ class Store:
             self.scripts.purge_dead, [sk.dlq],
             ["", sk.job_prefix, "" if older_than_ms is None else older_than_ms, limit],
         ))
+
+    # -- the reconciler and the database mirror ----------------------------------------------
+
+    def release_candidates(self, shard: int, older_than_ms: int, after: float = 0.0,
+                           limit: int = 1000) -> list[tuple[str, float]]:
+        """Released jobs not started, due (or last released again) at or before ``older_than_ms``: (id, score).
+
+        Scores greater than ``after`` only, lowest first (a page).
+        """
+        rows: list[tuple[str, float]] = self.client.zrangebyscore(  # type: ignore[assignment]
+            self.keys.shard(shard).released, f"({after}" if after else "-inf", older_than_ms, start=0, num=limit,
+            withscores=True)
+        return [(str(j), float(sc)) for j, sc in rows]
+
+    def rerelease(self, shard: int, ids: Sequence[str], max_copies: int,
+                  now_ms: int | None = None) -> list[tuple[str, str]]:
+        """Send again the jobs whose message the broker lost (``rerelease.lua``): (id, outcome) per job.
+
+        Outcomes: 'rereleased', 'held', 'waiting', 'exhausted', 'gone' (see the script).
+        """
+        if not ids:
+            return []
+        sk = self.keys.shard(shard)
+        b = self.broker
+        keys = [sk.released, sk.due, sk.buckets, sk.next, sk.changes]
+        if b.direct:
+            keys.append(b.unacked_hash)
+        reply = self._run(
+            self.scripts.rerelease, keys,
+            [_now(now_ms), sk.job_prefix, "direct" if b.direct else "publish", max_copies, b.global_keyprefix,
+             b.deadletter_queue, self.config.key_prefix, self.config.bucket_ms, self.keys.wake, shard,
+             self.logs_changes, *ids],
+        )
+        return [(str(reply[i]), str(reply[i + 1])) for i in range(1, len(reply), 2)]
+
+    def records(self, shard: int, ids: Sequence[str]) -> dict[str, dict[str, str]]:
+        """The records of ``ids`` in one shard (message included; {} for a job without one), one round trip."""
+        sk = self.keys.shard(shard)
+        pipe = self.client.pipeline(transaction=False)
+        for job_id in ids:
+            pipe.hgetall(sk.job(job_id))
+        return {j: {str(k): str(v) for k, v in rec.items()} for j, rec in zip(ids, pipe.execute(), strict=True)}
+
+    def record_states(self, shard: int, ids: Sequence[str]) -> dict[str, str | None]:
+        """The state of each job's record in one shard (None: no record), one round trip."""
+        return dict(zip(ids, self.field_of(shard, ids, Field.STATE).values(), strict=True))
+
+    def field_of(self, shard: int, ids: Sequence[str], name: str) -> dict[str, str | None]:
+        """One field of each job's record in one shard (None: absent), one round trip."""
+        sk = self.keys.shard(shard)
+        pipe = self.client.pipeline(transaction=False)
+        for job_id in ids:
+            pipe.hget(sk.job(job_id), name)
+        return {j: (None if v is None else str(v)) for j, v in zip(ids, pipe.execute(), strict=True)}
+
+    def scheduled_pages(self, shard: int, size: int = 1000) -> Iterator[list[str]]:
+        """The scheduled job ids of one shard, a page at a time (due order)."""
+        for key in ([self.keys.shard(shard).due] if self.config.bucket_ms <= 0
+                    else [str(k) for k in self.client.zrange(self.keys.shard(shard).buckets, 0, -1)]):
+            start = 0
+            while True:
+                page = [str(j) for j in self.client.zrange(key, start, start + size - 1)]
+                if not page:
+                    break
+                yield page
+                start += len(page)
+
+    def drop(self, job_id: str, shard: int) -> None:
+        """Take a job out of the schedule without reporting it (its transaction never committed): CANCELLED."""
+        with contextlib.suppress(JobNotFound, InvalidState):
+            self.cancel(job_id, shard)
+
+    def read_changes(self, shard: int, count: int = 1000) -> list[tuple[str, str, list[str]]]:
+        """The oldest entries of a shard's change log: (entry id, state, job ids)."""
+        entries: list[Any] = self.client.xrange(  # type: ignore[assignment]
+            self.keys.shard(shard).changes, "-", "+", count=count)
+        return [(str(eid), str(f.get("st", "")), str(f.get("ids", "")).split("\n")) for eid, f in entries]
+
+    def trim_changes(self, shard: int, upto: str) -> None:
+        """Drop the entries of a shard's change log up to and including ``upto`` (applied)."""
+        ms, _, seq = upto.partition("-")
+        self.client.xtrim(self.keys.shard(shard).changes, minid=f"{ms}-{int(seq or 0) + 1}")
+
+    def changes_lag(self, shard: int) -> tuple[int, int | None]:
+        """(entries not yet applied, epoch ms of the oldest) of a shard's change log."""
+        key = self.keys.shard(shard).changes
+        pipe = self.client.pipeline(transaction=False)
+        pipe.xlen(key)
+        pipe.xrange(key, "-", "+", count=1)
+        n, first = pipe.execute()
+        return int(n), (int(str(first[0][0]).split("-")[0]) if first else None)
+
+    def lease(self, key: str, owner: str, ms: int) -> str | None:
+        """Take or keep the named lease for ``ms`` (``lease.lua``; 0 gives it up); return the fence, or None."""
+        code, fence = self._run(self.scripts.lease, [key, f"{key}:fence"], ["", owner, ms])
+        return str(fence) if int(code) == Reply.OK else None
+
 
 
 class WakeSubscription:

@@ -13,6 +13,11 @@ so a script that touches one shard touches one slot::
     {prefix}:{<s>}:fence               STRING fencing counter, INCR on every hand-over
     {prefix}:{<s>}:job:<id>            HASH   the job record (see ``store.py``)
     {prefix}:{<s>}:dlq                 ZSET   dead job id -> time it died (epoch ms)
+    {prefix}:{<s>}:released            ZSET   released, not started job id -> due time (or
+                                              when it was last released again): the
+                                              reconciler's candidates
+    {prefix}:{<s>}:changes             STREAM state changes for the database mirror
+                                              (only with delayed_database_url)
 
 and, outside any shard::
 
@@ -20,6 +25,8 @@ and, outside any shard::
     {prefix}:schedulers:settings       HASH   scheduler owner token -> the settings every
                                               scheduler must share ("lease_ms=30000")
     {prefix}:layout                    HASH   shards, bucket_ms: fixed when the store is created
+    {prefix}:{reconcile}               STRING "<owner>|<fence>": the scheduler running the
+                                              reconciler (a lease); :fence its counter
     {prefix}:wake                      PUBSUB "<shard>:<due_ms>" when a job is due earlier
                                               than the scheduler knew; "members|<owner>"
                                               when a scheduler joins or leaves
@@ -70,6 +77,11 @@ class Keys:
         """Pub/sub channel that wakes sleeping schedulers."""
         return f"{self.prefix}:wake"
 
+    @property
+    def reconcile_lease(self) -> str:
+        """The lease of the scheduler that runs the reconciler (its fence: ``+ ":fence"``)."""
+        return f"{self.prefix}:{{reconcile}}"
+
 
 @dataclass(frozen=True)
 class ShardKeys:
@@ -104,6 +116,14 @@ class ShardKeys:
     @property
     def dlq(self) -> str:
         return f"{self.base}:dlq"
+
+    @property
+    def released(self) -> str:
+        return f"{self.base}:released"
+
+    @property
+    def changes(self) -> str:
+        return f"{self.base}:changes"
 
     @property
     def job_prefix(self) -> str:

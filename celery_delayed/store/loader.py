@@ -100,6 +100,8 @@ class Scripts:
         self.claim_due = Script("claim_due", flags)
         self.ack_claimed = Script("ack_claimed", flags)
         self.refuse_claimed = Script("refuse_claimed", flags)
+        self.rerelease = Script("rerelease", flags)
+        self.lease = Script("lease", flags)
         self.heartbeat = Script("heartbeat", flags)
         self.rebalance = Script("rebalance", flags)
         # worker side: the execution ledger

@@ -11,7 +11,8 @@ released   when it was pushed or published, epoch ms
 cancelled  when it was cancelled, epoch ms
 task       task name
 q, ex, rk  queue, exchange and routing key
-msg        the kombu envelope, until the job is released
+msg        the kombu envelope, until the job starts (the reconciler sends it
+           again if the broker loses it)
 lk         direct path: the list key to push to (anonymous exchange)
 bx, ps     direct path, named exchange: its binding set, priority suffix
 ev         the task-sent event fields (JSON) when the app sends them
@@ -19,6 +20,9 @@ sk         the shard key, when one was given
 ik         the idempotency key, when one was given
 claims     publish path: how many times it was claimed
 refused    publish path: how many times the broker refused its message
+rr         how many times the reconciler sent it again (its message was lost)
+ob         '1': indexed at a SQLAlchemy Core connection's commit, before the commit
+           completed (the reconciler drops it if its row never appears)
 exp        Celery's ``expires``, epoch ms: not sent when released at or after it
 ml, mf     max lateness (ms) and misfire policy ('skip' or 'dead'; absent =
            run anyway), checked at release (``producer/misfire.py``)
@@ -68,7 +72,7 @@ from typing import Any
 from ..vocab import JobState, Reply
 
 #: Record fields a new job may carry, in the order schedule.lua receives them.
-NEW_JOB_FIELDS = ("task", "q", "ex", "rk", "msg", "lk", "bx", "ps", "ev", "sk", "ik", "exp", "ml", "mf", "gen")
+NEW_JOB_FIELDS = ("task", "q", "ex", "rk", "msg", "lk", "bx", "ps", "ev", "sk", "ik", "exp", "ml", "mf", "gen", "ob")
 
 
 @dataclass(frozen=True)

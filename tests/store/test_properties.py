@@ -218,7 +218,8 @@ def machine(redis_url: str, bucket_ms: int) -> type[RuleBasedStateMachine]:
                 key = self.store.keys.shard(job.shard).job(i)
                 st_, due, msg = c.hmget(key, "st", "due", "msg")
                 assert (st_, int(due)) == (job.st, job.due)
-                assert (msg is not None) == (job.st in ("SCHEDULED", "CLAIMED"))
+                # the message stays until the job starts: the reconciler may send it again
+                assert (msg is not None) == (job.st in ("SCHEDULED", "CLAIMED", "QUEUED"))
                 assert (c.pttl(key) > 0) == (job.st in ("QUEUED", "CANCELLED")) or job.st in ("SUCCEEDED", "DEAD")
             listed = [json.loads(m)["headers"]["id"] for m in c.lrange(self.queue, 0, -1)]
             assert listed == self.pushed[::-1]

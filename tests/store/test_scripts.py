@@ -198,19 +198,24 @@ def test_release_due_releases_only_due_jobs(store: Store) -> None:
     assert (b.count, b.ids, b.next_due_ms) == (0, [], T + 1)
 
 
-def test_release_due_record_becomes_queued_with_ttl_and_loses_msg(store: Store) -> None:
+def test_release_due_record_becomes_queued_with_ttl_and_keeps_msg_until_it_starts(store: Store) -> None:
     store.schedule([job(store, "a", T, ev=json.dumps({"uuid": "a", "name": "t.x"}))], now_ms=T - 5)
     b = store.release_due(0, now_ms=T + 7)
     assert b.events == [{"uuid": "a", "name": "t.x"}]
     rec = record(store, "a")
     assert rec["st"] == "QUEUED" and rec["released"] == str(T + 7)
-    assert "msg" not in rec and rec["task"] == "t.x"
+    # the message stays (the reconciler sends it again if the broker loses it) until the job starts
+    assert rec["msg"] == "m-a" and rec["task"] == "t.x"
+    assert store.client.zscore(store.keys.shard(0).released, "a") == T  # a reconciler candidate, by due time
     ttl = store.client.pttl(store.keys.shard(0).job("a"))
     assert 3_500_000 < ttl <= 3_600_000
     # The shard is empty: its next key is gone.
     assert b.next_due_ms is None
     assert not store.client.exists(store.keys.shard(0).next)
     assert store.get("a")["st"] == "QUEUED"
+    assert store.start("a", 0, "w", now_ms=T + 8).run
+    assert "msg" not in record(store, "a")
+    assert store.client.zscore(store.keys.shard(0).released, "a") is None
 
 
 def test_release_due_limit_and_due_order(store: Store) -> None:
@@ -434,7 +439,7 @@ def test_ack_claimed(store: Store) -> None:
     assert store.ack_claimed(0, [], now_ms=T) == 0
     assert store.ack_claimed(0, ["a", "nope"], now_ms=T + 3) == 1
     rec = record(store, "a")
-    assert rec["st"] == "QUEUED" and rec["released"] == str(T + 3) and "msg" not in rec
+    assert rec["st"] == "QUEUED" and rec["released"] == str(T + 3) and rec["msg"]  # kept until it starts
     assert 3_500_000 < store.client.pttl(sk.job("a")) <= 3_600_000
     assert store.client.zrange(sk.inflight, 0, -1) == ["b"]
     assert store.ack_claimed(0, ["a"], now_ms=T + 4) == 0  # twice: counted once

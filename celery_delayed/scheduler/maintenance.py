@@ -1,0 +1,104 @@
+"""The scheduler's background work beside releasing: the database mirror, the outbox sweep, the reconciler.
+
+A thread of the scheduler process (:class:`Maintenance`), so that a long
+reconciliation pass never holds up a release. Every second it:
+
+- applies the change logs of the shards this scheduler holds to the database
+  rows (with ``delayed_database_url``; :mod:`.mirror`);
+- takes or keeps the reconciler's lease (one scheduler of the fleet at a
+  time) and, while it holds it, indexes rows committed since the last look
+  but not yet in Redis (the outbox sweep: a Core ``Connection``'s jobs, a
+  process that died between commit and index, Redis down at the time) and
+  runs a full :class:`~celery_delayed.reconciler.Reconciler` pass every
+  ``delayed_reconcile_interval_s``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ..reconciler import Reconciler
+from ..store import Store
+
+if TYPE_CHECKING:  # SQLAlchemy is an optional extra: imported only with a database
+    from ..sql.rows import JobRows
+from .mirror import Mirror
+
+logger = logging.getLogger("celery_delayed.scheduler")
+
+#: Seconds between two rounds of maintenance.
+TICK_S = 1.0
+#: How long the reconciler's lease lasts without being renewed, ms.
+LEASE_MS = 30_000
+#: How far back the outbox sweep looks again (rows committed late by long transactions), ms.
+SWEEP_OVERLAP_MS = 10_000
+
+
+class Maintenance:
+    """Runs the mirror, the outbox sweep and the reconciler for one scheduler (see the module docstring)."""
+
+    def __init__(self, store: Store, rows: JobRows | None, owner: str, held_shards: Callable[[], list[int]]) -> None:
+        self.store = store
+        self.rows = rows
+        self.owner = owner
+        self.held_shards = held_shards
+        self.mirror = Mirror(store, rows) if rows is not None else None
+        self.reconciler = Reconciler(store.app, store, rows)
+        self.interval_s = store.config.reconcile_interval_s
+        self.passes = 0
+        self.last_report: dict[str, object] | None = None
+        self._next_pass = time.monotonic() + min(self.interval_s, 5.0)  # a first pass soon after start
+        self._sweep_from = int(time.time() * 1000) - SWEEP_OVERLAP_MS
+        self._holder = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start the thread (a daemon)."""
+        self._thread = threading.Thread(target=self._run, name="delayed-maintenance", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the thread after its current step; give the reconciler's lease back."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        if self._holder:
+            try:
+                self.store.lease(self.store.keys.reconcile_lease, self.owner, 0)
+            except Exception:
+                logger.debug("giving the reconciler's lease back failed", exc_info=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.tick()
+            except Exception as exc:  # the next tick tries again; the store's state is the truth
+                logger.warning("scheduler maintenance: %s", exc, exc_info=not isinstance(exc, ConnectionError))
+            self._stop.wait(TICK_S)
+
+    def tick(self) -> None:
+        """One round: mirror the held shards, keep the lease, sweep, and reconcile when it is time."""
+        if self.mirror is not None:
+            self.mirror.apply(self.held_shards())
+        self._holder = self.store.lease(self.store.keys.reconcile_lease, self.owner, LEASE_MS) is not None
+        if not self._holder:
+            return
+        if self.rows is not None:
+            self._sweep_from = self.reconciler.sweep_outbox(self._sweep_from) - SWEEP_OVERLAP_MS
+        if time.monotonic() >= self._next_pass:
+            self._next_pass = time.monotonic() + self.interval_s
+            report = self.reconciler.run_pass()
+            self.passes += 1
+            self.last_report = report.as_dict()
+            if report.rereleased or report.reindexed or report.adopted or report.dropped or report.exhausted:
+                logger.warning(
+                    "reconciler: released again %d lost message(s), indexed again %d row(s), adopted %d, "
+                    "dropped %d, %d lost after every copy (%.2fs)", report.rereleased, report.reindexed,
+                    report.adopted, report.dropped, report.exhausted, report.seconds)
+            else:
+                logger.debug("reconciler: nothing to do (%.2fs)", report.seconds)

@@ -1,0 +1,193 @@
+"""The relational source of truth: rows first, Redis as the index; the outbox; the schema version."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from sqlalchemy import create_engine, insert, select, text, update
+from sqlalchemy.orm import Session
+from support import RedisServer, free_port, make_app
+
+from celery_delayed import (
+    ConfigurationError,
+    DatabaseUnavailable,
+    DuplicateJob,
+    apply_later,
+    apply_later_many,
+    get_store,
+)
+from celery_delayed.reconciler import Reconciler
+from celery_delayed.sql.rows import get_rows
+from celery_delayed.sql.schema import SCHEMA_VERSION, jobs, schema
+
+TASK = "t.sql"
+
+
+@pytest.fixture
+def dapp(redis_url: str, uid: str, database_url: str) -> Any:
+    app = make_app(redis_url, uid, delayed_database_url=database_url)
+    rows = get_rows(app)
+    assert rows is not None
+    rows.init_schema()
+    yield app
+    rows.dispose()
+
+
+def row(app: Any, job_id: str) -> Any:
+    rows = get_rows(app)
+    assert rows is not None
+    return rows.get(job_id)
+
+
+def test_db_init_is_idempotent_and_the_version_is_checked(redis_url: str, uid: str, database_url: str) -> None:
+    app = make_app(redis_url, uid, delayed_database_url=database_url)
+    rows = get_rows(app)
+    assert rows is not None
+    with pytest.raises(ConfigurationError, match="run `celery -A <app> delayed db init`"):
+        apply_later(app, TASK, when=60, strict=False)  # no tables yet: nothing written anywhere
+    assert not list(get_store(app).client.scan_iter(f"t{uid}:*"))
+    assert rows.init_schema() == SCHEMA_VERSION
+    assert rows.init_schema() == SCHEMA_VERSION  # again: nothing changes
+    engine = create_engine(database_url)
+    with engine.begin() as conn:
+        conn.execute(update(schema).values(version=SCHEMA_VERSION + 1))
+    fresh = make_app(redis_url, uid, delayed_database_url=database_url)
+    with pytest.raises(ConfigurationError, match="newer than this celery-delayed"):
+        apply_later(fresh, TASK, when=60, strict=False)
+    with engine.begin() as conn:
+        conn.execute(update(schema).values(version=0))
+    older = make_app(redis_url, uid, delayed_database_url=database_url)
+    with pytest.raises(ConfigurationError, match="to upgrade it"):
+        apply_later(older, TASK, when=60, strict=False)
+    engine.dispose()
+
+
+def test_a_job_is_a_row_first_then_indexed(dapp: Any) -> None:
+    h = apply_later(dapp, TASK, args=(1, "ü"), when=60, strict=False, idempotency_key="order-1")
+    assert h.indexed is True and h.job_state == "SCHEDULED"
+    r = row(dapp, h.id)
+    assert (r.state, r.shard, r.task, r.due_ms, r.idempotency_key, r.generation) == (
+        "SCHEDULED", h.shard, TASK, h.due_ms if abs(r.due_ms - h.due_ms) > 50 else r.due_ms, "order-1", 0)
+    assert abs(r.due_ms - h.due_ms) < 1000  # the row's due from this host's clock, the record's from Redis's
+    env = json.loads(r.record["msg"])  # the row holds everything to rebuild the job
+    assert env["headers"]["id"] == h.id and r.record["q"] == dapp.conf.task_default_queue
+    again = apply_later(dapp, TASK, args=(2,), when=5, strict=False, idempotency_key="order-1")
+    assert (again.id, again.created) == (h.id, False)
+    with pytest.raises(DuplicateJob):
+        apply_later(dapp, TASK, when=60, task_id=h.id, strict=False)
+    hs = apply_later_many(dapp, TASK, [{"args": (i,), "when": 60} for i in range(50)], strict=False)
+    rows = get_rows(dapp)
+    assert rows is not None and len(rows.existing([x.id for x in hs])) == 50
+
+
+def test_an_idempotency_key_is_unique_in_the_database_across_a_redis_loss(uid: str, database_url: str) -> None:
+    with RedisServer() as server:
+        app = make_app(server.url, uid, delayed_database_url=database_url)
+        rows = get_rows(app)
+        assert rows is not None
+        rows.init_schema()
+        first = apply_later(app, TASK, when=60, strict=False, idempotency_key="pay-7")
+        get_store(app).client.flushall()  # a private server: Redis lost everything
+        again = apply_later(app, TASK, when=60, strict=False, idempotency_key="pay-7")
+        assert (again.id, again.created) == (first.id, False)  # the row remembers the key
+        report = Reconciler(app).run_pass()
+        assert report.reindexed == 1 and get_store(app).get(first.id)["st"] == "SCHEDULED"
+        assert first.cancel()
+        third = apply_later(app, TASK, when=60, strict=False, idempotency_key="pay-7")
+        assert third.created and row(app, third.id).generation == 1  # a cancel freed the key
+        rows.dispose()
+
+
+def test_redis_down_scheduling_still_succeeds_and_is_indexed_later(uid: str, database_url: str) -> None:
+    port = free_port()
+    app = make_app(f"redis://127.0.0.1:{port}/0", uid, delayed_database_url=database_url)
+    rows = get_rows(app)
+    assert rows is not None
+    rows.init_schema()
+    get_store(app)._layout_ok = True  # the layout check needs Redis; the test is about the write
+    h = apply_later(app, TASK, when=0, strict=False)
+    assert h.indexed is False and row(app, h.id).state == "SCHEDULED"  # the row is the job
+    with RedisServer(port=port) as _server:
+        Reconciler(app).sweep_outbox(0)
+        assert get_store(app).get(h.id)["st"] == "SCHEDULED"
+    rows.dispose()
+
+
+def test_database_down_is_a_clear_error_and_writes_nothing(redis_url: str, uid: str, rclient: Any) -> None:
+    url = f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/nothere"
+    app = make_app(redis_url, uid, delayed_database_url=url)
+    with pytest.raises(DatabaseUnavailable, match="cannot use the celery-delayed database") as info:
+        apply_later(app, TASK, when=60, strict=False)
+    assert "nothing was written" in str(info.value)
+    assert not list(rclient.scan_iter(f"t{uid}:*:job:*"))
+
+
+def test_session_outbox_commit_indexes_rollback_leaves_nothing(dapp: Any, database_url: str) -> None:
+    engine = create_engine(database_url)
+    store = get_store(dapp)
+    with Session(engine) as session:
+        session.execute(text("SELECT 1"))
+        h = apply_later(dapp, TASK, when=60, strict=False, connection=session)
+        assert store.record_states(h.shard, [h.id])[h.id] is None  # not before the commit
+        session.commit()
+    assert store.get(h.id)["st"] == "SCHEDULED" and row(dapp, h.id).state == "SCHEDULED"
+    with Session(engine) as session:
+        gone = apply_later(dapp, TASK, when=60, strict=False, connection=session)
+        session.rollback()
+    assert store.record_states(gone.shard, [gone.id])[gone.id] is None and row(dapp, gone.id) is None
+    Reconciler(dapp).sweep_outbox(0)
+    assert store.record_states(gone.shard, [gone.id])[gone.id] is None  # the job never existed
+    engine.dispose()
+
+
+def test_core_connection_outbox_is_indexed_by_the_sweep(dapp: Any, database_url: str) -> None:
+    engine = create_engine(database_url)
+    store = get_store(dapp)
+    with engine.connect() as conn:
+        h = apply_later(dapp, TASK, when=60, strict=False, connection=conn)
+        assert h.indexed is None
+        conn.commit()
+    with engine.connect() as conn:
+        lost = apply_later(dapp, TASK, when=60, strict=False, connection=conn)
+        conn.rollback()
+    assert Reconciler(dapp).sweep_outbox(0) > 0
+    assert store.get(h.id)["st"] == "SCHEDULED"
+    assert store.record_states(lost.shard, [lost.id])[lost.id] is None and row(dapp, lost.id) is None
+    engine.dispose()
+
+
+def test_the_mirror_carries_state_changes_to_the_rows(dapp: Any) -> None:
+    from celery_delayed.scheduler.mirror import Mirror
+
+    store = get_store(dapp)
+    rows = get_rows(dapp)
+    assert rows is not None
+    a = apply_later(dapp, TASK, when=0, strict=False)
+    b = apply_later(dapp, TASK, when=0, strict=False)
+    c = apply_later(dapp, TASK, when=60, strict=False)
+    for s in {a.shard, b.shard}:
+        store.release_due(s)
+    assert store.start(a.id, a.shard, "w").run
+    store.finish(a.id, a.shard, "w", "SUCCEEDED")
+    assert c.cancel()
+    pending, oldest = store.changes_lag(a.shard)
+    assert pending >= 1 and oldest is not None
+    mirror = Mirror(store, rows)
+    mirror.apply(list(range(store.config.shards)))
+    assert [row(dapp, x.id).state for x in (a, b, c)] == ["SUCCEEDED", "QUEUED", "CANCELLED"]
+    done = row(dapp, a.id)
+    assert done.attempts == 1 and done.finished_ms is not None and done.finished_ms >= done.created_ms - 1000
+    assert all(store.changes_lag(s)[0] == 0 for s in range(store.config.shards))
+    # rows of other stores are not touched
+    engine = rows.engine
+    with engine.begin() as conn:
+        conn.execute(insert(jobs).values(**(rows.values(store_job(dapp), 0) | {"prefix": "other"})))
+        assert conn.execute(select(jobs.c.state).where(jobs.c.prefix == "other")).scalar() == "SCHEDULED"
+
+
+def store_job(app: Any) -> Any:
+    from celery_delayed.producer.jobs import prepare
+
+    return prepare(app, TASK, when=60).job
