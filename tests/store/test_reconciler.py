@@ -62,6 +62,7 @@ def test_a_message_held_by_a_worker_is_not_copied(rapp: Any, rclient: Any) -> No
     store = get_store(rapp)
     h = apply_later(rapp, TASK, when=0, strict=False)
     _release(rapp)
+    assert h.job_state == "QUEUED"
     msg = rclient.rpop(rapp.conf.task_default_queue)  # a worker took it (prefetched: not started)
     tag = json.loads(msg)["properties"]["delivery_tag"]
     rclient.hset(store.broker.unacked_hash, tag, msg)
