@@ -70,6 +70,7 @@ from celery.exceptions import Ignore, MaxRetriesExceededError, Reject, Retry
 from celery.utils.log import get_task_logger
 
 from .. import api
+from ..config import get_config
 from ..errors import InvalidOption, StoreUnavailable
 from ..producer.message import MESSAGE_OPTIONS
 from ..result import DelayedResult
@@ -131,6 +132,35 @@ class DelayedTask(Task):  # type: ignore[misc]
     ) -> DelayedResult:
         """Schedule this task for ``when``; see :func:`celery_delayed.apply_later`."""
         return api.apply_later(self._get_app(), self.name, args, kwargs, when, **options)
+
+    def apply_later_on_commit(
+        self,
+        args: Sequence[Any] | None = None,
+        kwargs: Mapping[str, Any] | None = None,
+        when: object = 0,
+        *,
+        using: str | None = None,
+        **options: Any,
+    ) -> DelayedResult | None:
+        """Schedule this task when the current Django transaction commits (as Celery's ``apply_async_on_commit``).
+
+        With ``delayed_database_url`` (the same database as Django's
+        ``using`` connection) the job's row is written in the transaction now
+        and indexed in Redis at its ``on_commit``: a rolled-back transaction
+        leaves no job, a committed one always gets it (a process that dies
+        right after the commit leaves the row to the scheduler). The handle is
+        returned (``indexed`` None until the commit). Without a database the
+        whole ``apply_later`` runs at ``on_commit`` and None is returned, as
+        Celery's ``delay_on_commit`` does.
+        """
+        from django.db import DEFAULT_DB_ALIAS, connections, transaction
+
+        alias = using or DEFAULT_DB_ALIAS
+        app = self._get_app()
+        if get_config(app).database_url:
+            return api.apply_later(app, self.name, args, kwargs, when, connection=connections[alias], **options)
+        transaction.on_commit(lambda: self.apply_later(args, kwargs, when, **options), using=alias)
+        return None
 
     def apply_later_many(self, calls: Iterable[Mapping[str, Any]]) -> list[DelayedResult]:
         """Schedule many calls of this task in few round trips.

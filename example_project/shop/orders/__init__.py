@@ -1,0 +1,1 @@
+"""Orders, and the reminder each unpaid one gets."""
