@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from celery_delayed.testing import RedisServer
 
-from . import report, s_lateness, s_memory, s_release, s_schedule
+from . import report, s_durability, s_lateness, s_memory, s_release, s_schedule
 from .common import Ctx
 
 SCENARIOS: dict[str, Callable[[Ctx], None]] = {
@@ -32,6 +32,7 @@ SCENARIOS: dict[str, Callable[[Ctx], None]] = {
     "duplicates": s_lateness.duplicates,  # 9
     "buckets": s_release.buckets,  # 10
     "postgres": s_release.postgres,  # 11
+    "durability": s_durability.durability,  # 12
 }
 
 

@@ -11,8 +11,11 @@ Importing ``celery_delayed`` changes nothing. Two explicit seams:
   ``delayed`` sub-command (the ``celery.commands`` entry point,
   ``celery_delayed.cli``): it adds ``--delayed`` to ``celery worker``,
   installs every app that ``celery`` loads, so workers and schedulers need no
-  code change, and applies a guarded workaround for a kombu 5.7 crash in
-  worker processes (:mod:`celery_delayed.worker.kombu_fixes`).
+  code change, gives every task of a worker the store's ledger for the
+  messages released from the store (:mod:`celery_delayed.worker.tracking`:
+  a plain task's start and finish are recorded, a cancelled one is skipped),
+  and applies a guarded workaround for a kombu 5.7 crash in worker processes
+  (:mod:`celery_delayed.worker.kombu_fixes`).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from __future__ import annotations
 from celery import Celery, signals
 from celery._state import connect_on_app_finalize
 
-from .worker import bootstep, intercept, kombu_fixes
+from .worker import bootstep, intercept, kombu_fixes, tracking
 
 _ATTR = "_celery_delayed_installed"
 _registered = False
@@ -51,4 +54,5 @@ def register_with_celery() -> None:
     bootstep.add_worker_option()
     connect_on_app_finalize(install)
     signals.worker_init.connect(kombu_fixes.on_worker_init, weak=False)
+    signals.worker_init.connect(tracking.on_worker_init, weak=False)
     signals.celeryd_after_setup.connect(kombu_fixes.on_worker_setup, weak=False)

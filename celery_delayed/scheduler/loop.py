@@ -232,6 +232,8 @@ class Scheduler:
             return 0
         self._observe(batch.now_ms)
         self.batches += 1
+        if (batch.count or batch.not_sent) and self.maintenance is not None:
+            self.maintenance.released_from(shard)
         if batch.count:
             logger.debug("shard %d: released %d job(s)", shard, batch.count)
         with self._lock:

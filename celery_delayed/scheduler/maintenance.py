@@ -3,14 +3,20 @@
 A thread of the scheduler process (:class:`Maintenance`), so that a long
 reconciliation pass never holds up a release. Every second it:
 
-- applies the change logs of the shards this scheduler holds to the database
-  rows (with ``delayed_database_url``; :mod:`.mirror`);
+- applies change logs to the database rows (with ``delayed_database_url``;
+  :mod:`.mirror`): those of the shards this scheduler released from since
+  the last round, and two more of its shards in turn (a worker's start and
+  finish reach a row within a turn of the held shards, half as many seconds);
 - takes or keeps the reconciler's lease (one scheduler of the fleet at a
-  time) and, while it holds it, indexes rows committed since the last look
-  but not yet in Redis (the outbox sweep: a Core ``Connection``'s jobs, a
-  process that died between commit and index, Redis down at the time) and
-  runs a full :class:`~celery_delayed.reconciler.Reconciler` pass every
+  time; renewed every ten seconds) and, while it holds it, indexes rows
+  committed since the last look but not yet in Redis (the outbox sweep: a
+  Core ``Connection``'s jobs, a process that died between commit and index,
+  Redis down at the time) and runs a full
+  :class:`~celery_delayed.reconciler.Reconciler` pass every
   ``delayed_reconcile_interval_s``.
+
+An idle Redis-only scheduler sends nothing here but the lease renewal and a
+pass's reads once an interval.
 """
 
 from __future__ import annotations
@@ -34,8 +40,12 @@ logger = logging.getLogger("celery_delayed.scheduler")
 TICK_S = 1.0
 #: How long the reconciler's lease lasts without being renewed, ms.
 LEASE_MS = 30_000
+#: How often the holder renews the reconciler's lease, s.
+RENEW_S = LEASE_MS / 3000
 #: How far back the outbox sweep looks again (rows committed late by long transactions), ms.
 SWEEP_OVERLAP_MS = 10_000
+#: Held shards whose change log is applied in turn each round, beside those released from.
+MIRROR_TURN = 2
 
 
 class Maintenance:
@@ -51,9 +61,13 @@ class Maintenance:
         self.interval_s = store.config.reconcile_interval_s
         self.passes = 0
         self.last_report: dict[str, object] | None = None
-        self._next_pass = time.monotonic() + min(self.interval_s, 5.0)  # a first pass soon after start
+        self._next_pass = time.monotonic() + self.interval_s
         self._sweep_from = int(time.time() * 1000) - SWEEP_OVERLAP_MS
         self._holder = False
+        self._renew_at = 0.0
+        self._dirty: set[int] = set()
+        self._turn = 0
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -73,6 +87,20 @@ class Maintenance:
             except Exception:
                 logger.debug("giving the reconciler's lease back failed", exc_info=True)
 
+    def released_from(self, shard: int) -> None:
+        """The scheduler loop released (or held back) jobs of ``shard``: mirror its log next round."""
+        if self.mirror is not None:
+            with self._lock:
+                self._dirty.add(shard)
+
+    def _mirror_shards(self) -> list[int]:
+        held = self.held_shards()
+        with self._lock:
+            dirty, self._dirty = self._dirty, set()
+        turn = [held[(self._turn + i) % len(held)] for i in range(min(MIRROR_TURN, len(held)))] if held else []
+        self._turn += MIRROR_TURN
+        return sorted((dirty & set(held)) | set(turn))
+
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
@@ -84,8 +112,10 @@ class Maintenance:
     def tick(self) -> None:
         """One round: mirror the held shards, keep the lease, sweep, and reconcile when it is time."""
         if self.mirror is not None:
-            self.mirror.apply(self.held_shards())
-        self._holder = self.store.lease(self.store.keys.reconcile_lease, self.owner, LEASE_MS) is not None
+            self.mirror.apply(self._mirror_shards())
+        if time.monotonic() >= self._renew_at:
+            self._holder = self.store.lease(self.store.keys.reconcile_lease, self.owner, LEASE_MS) is not None
+            self._renew_at = time.monotonic() + RENEW_S
         if not self._holder:
             return
         if self.rows is not None:

@@ -58,33 +58,28 @@ real worker processes):
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from billiard.einfo import ExceptionInfo
-from celery import Task, signals
-from celery.backends.base import DisabledBackend
+from celery import Task
 from celery.exceptions import Ignore, MaxRetriesExceededError, Reject, Retry
 from celery.utils.log import get_task_logger
 
 from .. import api
 from ..config import get_config
-from ..errors import InvalidOption, StoreUnavailable
+from ..errors import InvalidOption
 from ..producer.message import MESSAGE_OPTIONS
 from ..result import DelayedResult
-from ..store import Started, Store
+from ..store import Store
 from ..timeutil import from_ms
-from ..vocab import DELAY_HEADER, GENERATION_HEADER, JobState, Reply, request_header
-from .execution import Execution, LeaseKeeper, delivery_tag, execution_token, job_shard, job_store
+from ..vocab import DELAY_HEADER, Reply, request_header
+from .execution import Execution, job_shard, job_store
 from .failures import BACKOFF_OPTIONS, Attempt, Failures, RetryPolicy
+from .tracking import EXECUTION_ATTR, run_tracked
 
 logger = get_task_logger(__name__)
 
-#: The request attribute that carries the running execution (Celery copies the
-#: request's attributes into the context the body sees).
-_EXECUTION = "delayed_execution"
 _RETRY_LATER_OPTIONS = ("eta", "throw", "args", "kwargs", "max_attempts", *BACKOFF_OPTIONS)
 
 
@@ -107,6 +102,8 @@ class DelayedTask(Task):  # type: ignore[misc]
     """
 
     abstract = True
+    #: Its ``__call__`` runs the ledger itself (``tracking.track_plain_tasks`` leaves it alone).
+    delayed_tracks_itself = True
     #: Seconds a job may be released after its due time before ``misfire`` applies (None: no limit).
     max_lateness: float | None = None
     #: What to do with a job released later than ``max_lateness``: "run", "skip" or "dead".
@@ -176,7 +173,7 @@ class DelayedTask(Task):  # type: ignore[misc]
     @property
     def delayed_execution(self) -> Execution | None:
         """The execution of this job running in this thread (its lease owner), or None."""
-        return getattr(self.request, _EXECUTION, None)
+        return getattr(self.request, EXECUTION_ATTR, None)
 
     def _delayed_store(self) -> Store:
         return job_store(self._get_app(), self.request)
@@ -186,117 +183,10 @@ class DelayedTask(Task):  # type: ignore[misc]
         return not (req.called_directly or req.is_eager) and bool(req.id)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Run the body under the job's ledger (see the module docstring)."""
-        req = self.request
+        """Run the body under the job's ledger (see the module docstring and :mod:`.tracking`)."""
         if not self._delayed_in_worker():
             return super().__call__(*args, **kwargs)
-        store = self._delayed_store()
-        shard = job_shard(store, req)
-        tag = delivery_tag(req)
-        owner = execution_token(req.hostname or "", tag)
-        try:
-            started = self._delayed_start(store, req.id, shard, owner, req.hostname or "")
-        except StoreUnavailable as exc:
-            return self._delayed_store_down(exc, args, kwargs)
-        if started.untracked:
-            return super().__call__(*args, **kwargs)
-        if started.cancelled:
-            logger.info("Discarding cancelled job %s[%s]", self.name, req.id)
-            self._delayed_announce_revoked()
-            raise Ignore()
-        if not started.run:
-            why = ("completed already" if started.state == JobState.SUCCEEDED
-                   else "superseded by a later generation of its job" if started.superseded
-                   else f"its job is {started.state}")
-            logger.info("Skipping %s[%s]: %s (duplicate delivery)", self.name, req.id, why)
-            raise Ignore()
-        execution = Execution(req.id, shard, owner, started.attempt, tag)
-        # The body's request context copies this attribute: retry_later finds the execution there.
-        setattr(req, _EXECUTION, execution)
-        try:
-            return self._delayed_run(store, execution, args, kwargs)
-        finally:
-            setattr(req, _EXECUTION, None)
-
-    def _delayed_start(self, store: Store, job_id: str, shard: int, owner: str, hostname: str) -> Started:
-        gen = request_header(self.request, GENERATION_HEADER)
-        generation = int(gen) if isinstance(gen, int) and not isinstance(gen, bool) else 0
-        started = store.start(job_id, shard, owner, hostname, generation=generation)
-        if started.busy:
-            logger.info("Job %s[%s] is running elsewhere: waiting for it to end or its lease to pass",
-                        self.name, job_id)
-        poll_s = max(store.config.exec_lease_ms / 3000.0, 0.05)
-        while started.busy:
-            time.sleep(poll_s)
-            started = store.start(job_id, shard, owner, hostname, generation=generation)
-        return started
-
-    def _delayed_store_down(self, exc: StoreUnavailable, args: Any, kwargs: Any) -> Any:
-        # With acks_late the message can go back to the queue: do that (after a
-        # pause, so an outage does not become a hot loop) rather than run blind.
-        # Acknowledged early, this delivery is the only copy left: run it untracked.
-        if self.acks_late:
-            logger.error("Store unavailable, requeueing %s[%s]: %s", self.name, self.request.id, exc)
-            time.sleep(1.0)
-            raise Reject(exc, requeue=True)
-        logger.error("Store unavailable, running %s[%s] without the ledger: %s", self.name, self.request.id, exc)
-        return super().__call__(*args, **kwargs)
-
-    def _delayed_finish(self, store: Store, ex: Execution, outcome: str, reason: str = "") -> None:
-        # The body's outcome stands even if it cannot be recorded; the lease then
-        # passes and a later redelivery may run the body again (documented).
-        try:
-            result = store.finish(ex.job_id, ex.shard, ex.owner, outcome, reason)
-        except Exception as exc:  # the store is down, full, or refused the write
-            logger.error("Could not record %s of %s[%s]: %s", outcome, self.name, ex.job_id, exc)
-            return
-        if outcome == JobState.SUCCEEDED and not result.ok and result.state:
-            logger.warning("Job %s[%s] finished, but its record says %s: not marked SUCCEEDED",
-                           self.name, ex.job_id, result.state)
-
-    def _delayed_run(self, store: Store, ex: Execution, args: Any, kwargs: Any) -> Any:
-        keeper = LeaseKeeper(store, ex).start()
-        try:
-            result = super().__call__(*args, **kwargs)
-        except Retry:  # a retry sent a new message or scheduled the job again: the next delivery may start it
-            keeper.stop()
-            self._delayed_finish(store, ex, JobState.QUEUED)
-            raise
-        except Reject as exc:
-            keeper.stop()
-            outcome = JobState.QUEUED if exc.requeue else JobState.FAILED
-            self._delayed_finish(store, ex, outcome, reason=f"rejected: {exc.reason!r}")
-            raise
-        except Ignore:  # the body chose to end here: that is its completion
-            keeper.stop()
-            self._delayed_finish(store, ex, JobState.SUCCEEDED)
-            raise
-        except Exception as exc:
-            keeper.stop()
-            try:
-                self.delayed_handle_failure(exc, ExceptionInfo())
-            finally:
-                # A failure nobody handled must not hold the job RUNNING until the lease passes.
-                self._delayed_finish(store, ex, JobState.FAILED, reason=f"{type(exc).__name__}: {exc}"[:1000])
-            raise
-        finally:
-            keeper.stop()
-        self._delayed_finish(store, ex, JobState.SUCCEEDED)
-        return result
-
-    def _delayed_announce_revoked(self) -> None:
-        """Do what Celery's worker does for a revoked request (``Request._announce_revoked``)."""
-        req = self.request
-        if self.send_events:
-            try:
-                self.send_event("task-revoked", terminated=False, signum=None, expired=False)
-            except Exception:  # monitoring is best effort; the skip itself stands
-                logger.warning("could not send the task-revoked event of %s", req.id, exc_info=True)
-        ignore_result = bool(req.ignore_result) or bool(self.ignore_result)
-        store_errors = self.store_errors_even_if_ignored or not ignore_result
-        if not isinstance(self.backend, DisabledBackend):
-            self.backend.mark_as_revoked(req.id, "revoked", request=req, store_result=store_errors)
-        signals.task_revoked.send(sender=self, request=req, terminated=False, signum=None, expired=False)
+        return run_tracked(self, super().__call__, args, kwargs, on_failure=self.delayed_handle_failure)
 
     # -- retries and failures -------------------------------------------------------
 

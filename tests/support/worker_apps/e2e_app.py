@@ -54,3 +54,11 @@ def sleep(self: DelayedTask, seconds: float) -> str:
     time.sleep(seconds)
     record(self.request.id, self.request.retries or 0)
     return str(self.request.id)
+
+
+@app.task(bind=True, name="e2e.plain")
+def plain(self: object, *args: object, **kwargs: object) -> str:
+    """A plain Celery task (not a DelayedTask): the worker side tracks it when the store released it."""
+    request = self.request  # type: ignore[attr-defined]
+    record(request.id, request.retries or 0)
+    return str(request.id)
