@@ -5,6 +5,11 @@ E2E_BROKER (broker URL), E2E_REDIS (store URL, default the broker),
 E2E_PREFIX (delayed_key_prefix and record keys), E2E_QUEUE (default queue),
 E2E_CONF (JSON of extra settings). Task bodies record each run in Redis:
 RPUSH <prefix>:ran "<task id>|<pid>|<retries>".
+
+``e2e.plain`` is a plain Celery task (no ``DelayedTask``, so no ledger): every
+delivery of its message runs the body and is recorded. Tests of the release
+path count its runs; a ``DelayedTask`` would turn a duplicate message into a
+skip that is never recorded.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import os
 import time
 
 import redis
-from celery import Celery
+from celery import Celery, Task
 
 from celery_delayed import DelayedTask
 
@@ -52,5 +57,11 @@ def mark(self: DelayedTask, *args: object, **kwargs: object) -> str:
 @app.task(base=DelayedTask, bind=True, name="e2e.sleep")
 def sleep(self: DelayedTask, seconds: float) -> str:
     time.sleep(seconds)
+    record(self.request.id, self.request.retries or 0)
+    return str(self.request.id)
+
+
+@app.task(bind=True, name="e2e.plain")
+def plain(self: Task, *args: object, **kwargs: object) -> str:
     record(self.request.id, self.request.retries or 0)
     return str(self.request.id)
