@@ -125,31 +125,38 @@ def test_lease_keeper_beats_every_running_execution_until_stopped_or_lost(redis_
     hs = apply_later_many(app, "e2e.mark", ({"args": (i,), "when": 0} for i in range(20)), strict=False)
     assert len(_release_all(app)) == 20
     keepers = []
-    for h in hs:
-        assert store.start(h.id, h.shard, "me", "host").code == Reply.OK
-        keepers.append(LeaseKeeper(store, Execution(h.id, h.shard, "me", 1)).start())
+    try:
+        for h in hs:
+            assert store.start(h.id, h.shard, "me", "host").code == Reply.OK
+            keepers.append(LeaseKeeper(store, Execution(h.id, h.shard, "me", 1)).start())
 
-    def deadlines() -> tuple[int, list[int]]:
-        now = store.now_ms()
-        return now, [int(store.client.hget(store.keys.shard(h.shard).job(h.id), "lu") or 0) for h in hs]
+        def deadlines() -> tuple[int, list[int]]:
+            """The Redis clock and every lease deadline, in one snapshot (MULTI)."""
+            pipe = store.client.pipeline(transaction=True)
+            pipe.time()
+            for h in hs:
+                pipe.hget(store.keys.shard(h.shard).job(h.id), "lu")
+            (sec, usec), *lus = pipe.execute()
+            return int(sec) * 1000 + int(usec) // 1000, [int(lu or 0) for lu in lus]
 
-    def live() -> int:
-        now, lus = deadlines()
-        return sum(lu > now for lu in lus)
+        def live() -> int:
+            now, lus = deadlines()
+            return sum(lu > now for lu in lus)
 
-    samples = []
-    for _ in range(5):  # over 2 s, more than a lease long
-        samples.append(deadlines())
-        time.sleep(0.5)
-    # The mechanism: every lease was extended (its deadline moved on, never beyond a lease from
-    # the Redis clock), so none passed; more than a lease went by meanwhile.
-    (first_now, first), (last_now, last) = samples[0], samples[-1]
-    assert last_now - first_now > lease_ms
-    assert all(f < lu <= last_now + lease_ms for f, lu in zip(first, last, strict=True)), (first, last)
-    assert [sum(lu > now for lu in lus) for now, lus in samples] == [20] * 5
-    store.cancel(hs[0].id, running=True)
-    wait_for(lambda: keepers[0].lost, 2, what="the keeper to notice the lost lease")
-    for k in keepers:
-        k.stop()
+        samples = []
+        for _ in range(5):  # over 2 s, more than a lease long
+            samples.append(deadlines())
+            time.sleep(0.5)
+        # The mechanism: every lease was extended (its deadline moved on, never beyond a lease from
+        # the Redis clock), so none passed; more than a lease went by meanwhile.
+        (first_now, first), (last_now, last) = samples[0], samples[-1]
+        assert last_now - first_now > lease_ms
+        assert all(f < lu <= last_now + lease_ms for f, lu in zip(first, last, strict=True)), (last_now, first, last)
+        assert [sum(lu > now for lu in lus) for now, lus in samples] == [20] * 5
+        store.cancel(hs[0].id, running=True)
+        wait_for(lambda: keepers[0].lost, 2, what="the keeper to notice the lost lease")
+    finally:
+        for k in keepers:
+            k.stop()
     wait_for(lambda: live() == 0, lease_ms / 1000 + 3, what="the leases to pass once stopped")
     assert not any(k.lost for k in keepers[1:])
