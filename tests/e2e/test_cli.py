@@ -3,22 +3,28 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
+import time
 from datetime import datetime, timedelta, timezone
 
 import pytest
 from celery.bin.base import CLIContext
 from click.testing import CliRunner, Result
-from support import free_port, make_app, run_celery
+from support import SchedulerProcess, free_port, make_app, run_celery, wait_for
 
-from celery_delayed import apply_later, apply_later_many
+from celery_delayed import apply_later, apply_later_many, dlq, get_store
 from celery_delayed.cli import delayed
+from celery_delayed.store import Pending
+
+
+def _ctx(app) -> CLIContext:
+    return CLIContext(app=app, no_color=True, workdir=None, quiet=True)
 
 
 def invoke(app, *args: str) -> Result:
     """Run ``delayed <args>`` as ``celery -A app`` would (the same click context object)."""
-    ctx = CLIContext(app=app, no_color=True, workdir=None, quiet=True)
-    return CliRunner().invoke(delayed, list(args), obj=ctx)
+    return CliRunner().invoke(delayed, list(args), obj=_ctx(app))
 
 
 @pytest.fixture
@@ -167,3 +173,111 @@ def test_show_formats_every_time_and_keeps_text_as_it_is(cli_app):
     for field in ("due", "created", "released", "started", "finished"):
         assert rec[field].endswith("Z)") or "+00:00)" in rec[field], (field, rec[field])
     assert '"sk": "ünï"' in res.stdout  # not \\u escapes
+
+
+# -- the dead-letter queue -----------------------------------------------------------
+
+
+def _letters(app, n: int) -> list[str]:
+    """``n`` dead letters dying 1 ms apart (oldest first), alternately of tasks t.even and t.odd."""
+    store = get_store(app)
+    now = store.now_ms()
+    ids = []
+    for k in range(n):
+        jid = f"dead-{k:02d}"
+        store.client.hset(store.keys.shard(store.shard_of(jid)).job(jid), mapping={"st": "QUEUED"})
+        fields = {"task": "t.even" if k % 2 == 0 else "t.odd", "msg": f"m-{jid}", "lk": f"q{jid}",
+                  "etype": "app.Boom", "emsg": f"boom {k}", "attempts": "3"}
+        assert store.dead(jid, store.shard_of(jid), fields, now_ms=now - 60_000 + k).ok
+        ids.append(jid)
+    return ids
+
+
+def test_dlq_list_options(cli_app):
+    ids = _letters(cli_app, 7)
+    newest = ids[::-1]
+    res = invoke(cli_app, "dlq", "list")
+    assert res.exit_code == 0, res.output
+    assert [line.split()[0] for line in res.stdout.splitlines()] == newest
+    assert "app.Boom: boom 6" in res.stdout.splitlines()[0] and "attempts=3" in res.stdout
+    assert "(7 shown, offset 0, 7 in all)" in res.stderr
+    res = invoke(cli_app, "dlq", "list", "--offset", "2", "--limit", "3", "--json")
+    assert res.exit_code == 0, res.output
+    rows = [json.loads(line) for line in res.stdout.splitlines()]
+    assert [r["id"] for r in rows] == newest[2:5]
+    assert rows[0]["error"] == "app.Boom: boom 4" and rows[0]["attempts"] == 3 and rows[0]["task"] == "t.even"
+    assert res.stderr == ""  # JSON lines only
+    res = invoke(cli_app, "dlq", "list", "--task", "t.odd")
+    assert [line.split()[0] for line in res.stdout.splitlines()] == [i for i in newest if int(i[-2:]) % 2]
+    assert "(3 shown, offset 0, 7 in all)" in res.stderr
+    assert invoke(cli_app, "dlq", "list", "--offset", "-1").exit_code == 2
+
+
+def test_dlq_requeue_all_with_and_without_task(cli_app):
+    ids = _letters(cli_app, 6)
+    store = get_store(cli_app)
+    res = invoke(cli_app, "dlq", "requeue", "--all", "--task", "t.odd", "--when", "120")
+    assert res.exit_code == 0, res.output
+    assert res.stdout.strip() == "requeued 3 dead letter(s)"
+    odd = [i for i in ids if int(i[-2:]) % 2]
+    for jid in odd:
+        rec = store.get(jid)
+        assert rec["st"] == "SCHEDULED" and rec["retries"] == "0"
+        assert 119_000 <= int(rec["due"]) - store.now_ms() <= 120_000
+    assert sorted(d.id for d in dlq.list_dead(cli_app)) == sorted(set(ids) - set(odd))
+    res = invoke(cli_app, "dlq", "requeue", "--all")
+    assert res.exit_code == 0 and res.stdout.strip() == "requeued 3 dead letter(s)", res.output
+    assert dlq.count(cli_app) == 0
+    assert {r["id"] for r in Pending(store).page()} == set(ids)
+    # a job id or --all, not both, not neither; --task only with --all
+    for args in ([], ["x", "--all"], ["x", "--task", "t.odd"]):
+        res = invoke(cli_app, "dlq", "requeue", *args)
+        assert res.exit_code == 2, (args, res.output)
+
+
+def test_dlq_purge_asks_first_without_yes(cli_app):
+    _letters(cli_app, 4)
+    res = CliRunner().invoke(delayed, ["dlq", "purge"], obj=_ctx(cli_app), input="n\n")
+    assert res.exit_code == 1 and "purge every dead letter?" in res.output and "Aborted" in res.output
+    assert dlq.count(cli_app) == 4, "a refused purge deleted letters"
+    res = CliRunner().invoke(delayed, ["dlq", "purge"], obj=_ctx(cli_app), input="y\n")
+    assert res.exit_code == 0, res.output
+    assert "purged 4 dead letter(s)" in res.output
+    assert dlq.count(cli_app) == 0
+    # --older-than does not ask (it cannot take everything that just died)
+    _letters(cli_app, 2)
+    res = invoke(cli_app, "dlq", "purge", "--older-than", "30")
+    assert res.exit_code == 0 and res.stdout.strip() == "purged 2 dead letter(s)", res.output
+
+
+# -- the scheduler's commands against a live scheduler --------------------------------------
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(60)
+def test_status_with_live_schedulers_and_sigint_on_run(redis_url, uid, workers, rclient):
+    app = make_app(redis_url, uid, delayed_shards=4)
+    prefix, queue = app.conf.delayed_key_prefix, app.conf.task_default_queue
+    scheds = [SchedulerProcess(redis_url, prefix, queue, conf={"delayed_shards": 4}) for _ in range(2)]
+    workers.extend(scheds)
+    wait_for(lambda: rclient.zcard(f"{prefix}:schedulers") == 2, 30, what="two schedulers to join")
+    tokens = sorted(rclient.zrange(f"{prefix}:schedulers", 0, -1))
+    res = invoke(app, "status", "--json")
+    assert res.exit_code == 0, res.output
+    assert sorted(json.loads(res.stdout)["schedulers"]) == tokens
+    res = invoke(app, "status")
+    head, _, listed = res.stdout.splitlines()[-1].partition(" 2 scheduler(s) ")
+    assert head.startswith("total: 0 pending") and sorted(listed.split()) == tokens, res.stdout
+
+    # SIGINT (Ctrl-C) stops `delayed run` as SIGTERM does: promptly, leaving the membership.
+    t0 = time.monotonic()
+    scheds[0].proc.send_signal(signal.SIGINT)
+    assert scheds[0].proc.wait(10) == 0, scheds[0].output()[-3000:]
+    took = time.monotonic() - t0
+    assert took < 5, took
+    assert "stopped" in scheds[0].output()
+    assert "Traceback" not in scheds[0].output() and "KeyboardInterrupt" not in scheds[0].output()
+    left = sorted(rclient.zrange(f"{prefix}:schedulers", 0, -1))
+    assert len(left) == 1 and left[0] in tokens
+    res = invoke(app, "status", "--json")
+    assert json.loads(res.stdout)["schedulers"] == left

@@ -8,6 +8,7 @@ import time
 
 import pytest
 from support import WorkerProcess, make_app, ran, wait_for
+from support.delivery import pending, queue_keys, received, undelivered
 
 from celery_delayed import apply_later_many
 
@@ -25,11 +26,9 @@ def test_worker_with_delayed_flag_releases_and_runs_jobs(redis_url, uid, workers
     members = f"{prefix}:schedulers"
     wait_for(lambda: rclient.zcard(members) == 1, 15, what="the embedded scheduler to join")
     calls = [{"args": (i,), "when": 1.0 * i / 100} for i in range(100)]
-    ids = [h.id for h in apply_later_many(app, "e2e.mark", calls, strict=False)]
+    # A plain task: a job released twice would run (and be logged as received) twice.
+    ids = [h.id for h in apply_later_many(app, "e2e.plain", calls, strict=False)]
     wait_for(lambda: set(ran(rclient, prefix)) >= set(ids), 30, interval=0.05, what="100 runs")
-    time.sleep(0.3)
-    counts = collections.Counter(ran(rclient, prefix))
-    assert set(counts) == set(ids) and max(counts.values()) == 1
 
     t0 = time.monotonic()
     w.proc.send_signal(signal.SIGTERM)  # warm shutdown of the worker's main process
@@ -39,6 +38,14 @@ def test_worker_with_delayed_flag_releases_and_runs_jobs(redis_url, uid, workers
     assert rclient.zcard(members) == 0, "the embedded scheduler did not leave"
     assert "celery-delayed scheduler" in w.output() and "stopped" in w.output(), w.output()[-3000:]
     assert took < 10
+    # Counted once the worker has stopped: nothing left to release or to deliver, so a late
+    # duplicate cannot arrive after the count.
+    assert pending(app) == 0
+    assert undelivered(rclient, ids, queue_keys(queue)) == []
+    counts = collections.Counter(ran(rclient, prefix))
+    assert set(counts) == set(ids) and max(counts.values()) == 1
+    deliveries = received(w.output(), "e2e.plain")
+    assert set(deliveries) == set(ids) and max(deliveries.values()) == 1
 
 
 @pytest.mark.timeout(60)

@@ -117,29 +117,46 @@ def test_pool_child_killed_redelivery_waits_for_the_lease_then_takes_over(redis_
 
 
 def test_lease_keeper_beats_every_running_execution_until_stopped_or_lost(redis_url, uid):
-    """One heartbeat thread keeps 20 leases of 300 ms alive for 1 s; stopped, they pass;
-    a cancelled (terminated) job's keeper learns that its lease is lost."""
-    app = make_app(redis_url, uid, delayed_exec_lease_ms=300)
+    """One heartbeat thread keeps 20 leases of 1.5 s alive for 2 s, extending every one of them;
+    stopped, they pass; a cancelled (terminated) job's keeper learns that its lease is lost."""
+    lease_ms = 1500  # a beat every 500 ms: a second of headroom before a lease could pass
+    app = make_app(redis_url, uid, delayed_exec_lease_ms=lease_ms)
     store = get_store(app)
     hs = apply_later_many(app, "e2e.mark", ({"args": (i,), "when": 0} for i in range(20)), strict=False)
     assert len(_release_all(app)) == 20
     keepers = []
-    for h in hs:
-        assert store.start(h.id, h.shard, "me", "host").code == Reply.OK
-        keepers.append(LeaseKeeper(store, Execution(h.id, h.shard, "me", 1)).start())
+    try:
+        for h in hs:
+            assert store.start(h.id, h.shard, "me", "host").code == Reply.OK
+            keepers.append(LeaseKeeper(store, Execution(h.id, h.shard, "me", 1)).start())
 
-    def live() -> int:
-        now = store.now_ms()
-        return sum(int(store.client.hget(store.keys.shard(h.shard).job(h.id), "lu") or 0) > now for h in hs)
+        def deadlines() -> tuple[int, list[int]]:
+            """The Redis clock and every lease deadline, in one snapshot (MULTI)."""
+            pipe = store.client.pipeline(transaction=True)
+            pipe.time()
+            for h in hs:
+                pipe.hget(store.keys.shard(h.shard).job(h.id), "lu")
+            (sec, usec), *lus = pipe.execute()
+            return int(sec) * 1000 + int(usec) // 1000, [int(lu or 0) for lu in lus]
 
-    seen = []
-    for _ in range(5):  # over 1 s, more than 3 leases long
-        seen.append(live())
-        time.sleep(0.2)
-    assert seen == [20] * 5
-    store.cancel(hs[0].id, running=True)
-    wait_for(lambda: keepers[0].lost, 2, what="the keeper to notice the lost lease")
-    for k in keepers:
-        k.stop()
-    wait_for(lambda: live() == 0, 2, what="the leases to pass once stopped")
+        def live() -> int:
+            now, lus = deadlines()
+            return sum(lu > now for lu in lus)
+
+        samples = []
+        for _ in range(5):  # over 2 s, more than a lease long
+            samples.append(deadlines())
+            time.sleep(0.5)
+        # The mechanism: every lease was extended (its deadline moved on, never beyond a lease from
+        # the Redis clock), so none passed; more than a lease went by meanwhile.
+        (first_now, first), (last_now, last) = samples[0], samples[-1]
+        assert last_now - first_now > lease_ms
+        assert all(f < lu <= last_now + lease_ms for f, lu in zip(first, last, strict=True)), (last_now, first, last)
+        assert [sum(lu > now for lu in lus) for now, lus in samples] == [20] * 5
+        store.cancel(hs[0].id, running=True)
+        wait_for(lambda: keepers[0].lost, 2, what="the keeper to notice the lost lease")
+    finally:
+        for k in keepers:
+            k.stop()
+    wait_for(lambda: live() == 0, lease_ms / 1000 + 3, what="the leases to pass once stopped")
     assert not any(k.lost for k in keepers[1:])

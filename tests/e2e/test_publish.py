@@ -1,9 +1,17 @@
-"""The publish path: claim, publish with kombu, acknowledge (RabbitMQ; a separate Redis broker)."""
+"""The publish path: claim, publish with kombu, acknowledge (RabbitMQ; a separate Redis broker).
+
+The promise here is at-least-once enqueue: a job may be published more than
+once (its ``claims`` count says how often), and the worker side drops the
+copies. So the tests count both: every publish reached a worker once (its
+"received" lines equal the job's claims) and every job's body ran once.
+"""
 
 from __future__ import annotations
 
 import collections
+import logging
 import signal
+import socket
 import sys
 import time
 from collections.abc import Iterator
@@ -12,9 +20,11 @@ import pytest
 import redis
 from kombu import Connection, Exchange, Queue
 from support import Proc, SchedulerProcess, WorkerProcess, app_env, free_port, make_app, ran, wait_for
+from support.delivery import claims, pending, queue_keys, received, undelivered
 
 from celery_delayed import apply_later, apply_later_many, get_store
 from celery_delayed.scheduler import PublishMover
+from celery_delayed.scheduler.confirms import ConfirmTimeout
 
 pytestmark = pytest.mark.e2e
 
@@ -53,10 +63,44 @@ def schedule(app, n: int, when) -> list[str]:
     return [h.id for h in apply_later_many(app, "e2e.mark", calls, strict=False)]
 
 
-def wait_all_ran(client: redis.Redis, prefix: str, ids: list[str], timeout: float = 60) -> collections.Counter:
-    wait_for(lambda: set(ran(client, prefix)) >= set(ids), timeout, interval=0.1, what=f"{len(ids)} jobs to run")
-    time.sleep(0.3)
-    return collections.Counter(ran(client, prefix))
+def wait_all_ran(app, client: redis.Redis, worker: WorkerProcess, ids: list[str],
+                 timeout: float = 60) -> tuple[collections.Counter, collections.Counter, collections.Counter]:
+    """Wait until every job ran and every publish reached the worker, then stop the worker.
+
+    Nothing is left to arrive after that: nothing is scheduled or claimed, and each
+    job was received as many times as it was claimed (published). Returns the runs,
+    the deliveries and the claims per job.
+    """
+    prefix = app.conf.delayed_key_prefix
+
+    def settled() -> bool:
+        if not set(ran(client, prefix)) >= set(ids) or pending(app):
+            return False
+        got, want = received(worker.output(), "e2e.mark"), claims(app, ids)
+        return all(got[i] >= want[i] for i in ids)
+
+    wait_for(settled, timeout, interval=0.2, what=f"{len(ids)} jobs to run and every publish to arrive")
+    worker.stop()
+    return collections.Counter(ran(client, prefix)), received(worker.output(), "e2e.mark"), claims(app, ids)
+
+
+def rabbit_ready(rabbitmq_url: str, queue: str) -> int:
+    """Messages ready on a RabbitMQ queue (a stopped worker's unacked ones are back there)."""
+    with Connection(rabbitmq_url) as conn:
+        return int(conn.default_channel.queue_declare(queue=queue, passive=True).message_count)
+
+
+def rabbit_ids(rabbitmq_url: str, queue: str) -> collections.Counter:
+    """Take every message off a RabbitMQ queue; count them per task id."""
+    out: collections.Counter = collections.Counter()
+    with Connection(rabbitmq_url) as conn, conn.SimpleQueue(queue) as q:
+        while True:
+            try:
+                msg = q.get(timeout=1)
+            except q.Empty:
+                return out
+            out[msg.headers["id"]] += 1
+            msg.ack()
 
 
 @pytest.mark.timeout(60)
@@ -129,12 +173,15 @@ def test_publish_path_rabbitmq_end_to_end(redis_url, rabbitmq_url, uid, workers,
     assert 0 < released_before < len(ids), s1.output()[-3000:]
     s2 = SchedulerProcess(rabbitmq_url, prefix, rabbit_queue, store=redis_url, conf=conf)
     workers.append(s2)
-    counts = wait_all_ran(rclient, prefix, ids)
+    counts, deliveries, published = wait_all_ran(app, rclient, w, ids)
     print(f"\nRabbitMQ publish path: {len(ids)} jobs, {released_before} released before SIGTERM, "
-          f"duplicates {sum(v - 1 for v in counts.values())}")
+          f"duplicates {sum(v - 1 for v in counts.values())}, published {sum(published.values())}, "
+          f"delivered {sum(deliveries.values())}")
     assert set(counts) == set(ids)
     assert max(counts.values()) == 1
     assert inflight(rclient, prefix) == 0
+    assert deliveries == published, "a publish did not reach the worker exactly once"
+    assert rabbit_ready(rabbitmq_url, rabbit_queue) == 0, "messages left on the queue"
 
 
 @pytest.mark.timeout(150)
@@ -161,15 +208,22 @@ def test_publish_path_scheduler_killed_between_publish_and_ack(
     recovered = time.monotonic() - killed_at
     w = WorkerProcess(rabbitmq_url, prefix, rabbit_queue, store=redis_url, conf=conf, concurrency=4, pool="threads")
     workers.append(w)
-    counts = wait_all_ran(rclient, prefix, ids)
+    counts, deliveries, published = wait_all_ran(app, rclient, w, ids)
     store = get_store(app)
     twice = [j for j in ids if int(store.get(j).get("claims", 0)) > 1]
     print(f"\nkilled between publish and ack: {stranded} claims stranded, re-published "
           f"{recovered:.2f}s after the kill; {len(ids)} jobs, 0 lost, "
-          f"{sum(v - 1 for v in counts.values())} duplicate runs")
+          f"{sum(v - 1 for v in counts.values())} duplicate runs, "
+          f"{sum(1 for v in deliveries.values() if v > 1)} delivered twice")
     assert set(counts) == set(ids), "jobs lost"
     assert len(twice) == stranded
     assert not [j for j in ids if store.get(j)["st"] in ("SCHEDULED", "CLAIMED")]
+    # At-least-once enqueue: each stranded job reached the worker twice (both publishes)...
+    assert deliveries == published
+    assert {j for j, n in deliveries.items() if n == 2} == set(twice) and max(deliveries.values()) == 2
+    # ... and the worker side dropped the copy: every body ran once.
+    assert max(counts.values()) == 1, "a copy of a job ran again"
+    assert rabbit_ready(rabbitmq_url, rabbit_queue) == 0, "messages left on the queue"
 
 
 @pytest.mark.timeout(120)
@@ -184,10 +238,13 @@ def test_publish_path_with_a_separate_redis_broker(redis_url, uid, workers, rcli
     workers.append(w)
     workers.append(SchedulerProcess(broker, prefix, queue, store=redis_url, conf=conf))
     ids = schedule(app, 300, lambda i: 2.0 * i / 300)
-    counts = wait_all_ran(rclient, prefix, ids)
+    counts, deliveries, published = wait_all_ran(app, rclient, w, ids)
     assert set(counts) == set(ids) and max(counts.values()) == 1
     assert inflight(rclient, prefix) == 0
     assert rclient.llen(queue) == 0, "nothing may go to the store's database"
+    assert deliveries == published
+    with redis.Redis.from_url(broker, decode_responses=True) as bclient:
+        assert undelivered(bclient, ids, queue_keys(queue)) == [], "messages left on the broker"
 
 
 @pytest.mark.timeout(90)
@@ -272,3 +329,76 @@ def test_a_message_the_broker_refuses_is_put_back_at_once_then_dead_lettered(red
     # Each good job went out (those published before the channel closed may go out twice: at-least-once,
     # the worker side drops the copy); the refused one never did.
     assert set(got) == {h.id for h in good} and len(got) <= 2 * len(good)
+
+
+@pytest.mark.timeout(60)
+def test_publish_mover_reconnects_and_publishes_the_batch_again(redis_url, rabbitmq_url, uid, rabbit_queue,
+                                                                caplog):
+    """The broker connection breaks under the mover: the batch is published again on a new one."""
+    app = make_app(rabbitmq_url, uid, delayed_redis_url=redis_url, delayed_shards=1)
+    store = get_store(app)
+    first = apply_later(app, "e2e.mark", args=(1,), strict=False)
+    mover = PublishMover(app, store)
+    try:
+        assert mover.move(0, "", "", 10).ids == [first.id]
+        broken = mover._conn.connection.sock  # the mover's socket to RabbitMQ
+        broken.shutdown(socket.SHUT_RDWR)  # as a RabbitMQ restart or a dropped NAT entry would
+        second = apply_later(app, "e2e.mark", args=(2,), strict=False)
+        with caplog.at_level(logging.WARNING, logger="celery_delayed.scheduler"):
+            batch = mover.move(0, "", "", 10)
+        assert batch.ids == [second.id]
+        assert "reconnecting to publish it again" in caplog.text
+        assert mover._conn.connection.sock is not broken
+        assert mover.confirmed == 2, "the second batch was not confirmed on the new connection"
+    finally:
+        mover.close()
+    assert store.get(second.id)["st"] == "QUEUED"
+    assert inflight(store.client, app.conf.delayed_key_prefix) == 0
+    got = rabbit_ids(rabbitmq_url, rabbit_queue)
+    assert set(got) == {first.id, second.id} and got[first.id] == 1
+
+
+@pytest.mark.timeout(60)
+def test_unconfirmed_batch_stays_claimed_and_is_published_again(redis_url, rabbitmq_url, uid, rabbit_queue):
+    """Confirms that do not arrive in time: the claims are not acknowledged; once their lease
+    passes they are claimed and published again (at-least-once: the broker has every copy)."""
+    app = make_app(rabbitmq_url, uid, delayed_redis_url=redis_url, delayed_shards=1,
+                   delayed_claim_lease_ms=1000)
+    store = get_store(app)
+    h = apply_later(app, "e2e.mark", strict=False)
+    mover = PublishMover(app, store)
+    try:
+        mover._confirm_timeout_s = 0.0  # test hook: no confirm can arrive in time
+        with pytest.raises(ConfirmTimeout):
+            mover.move(0, "", "", 10)
+        assert store.get(h.id)["st"] == "CLAIMED"
+        assert inflight(store.client, app.conf.delayed_key_prefix) == 1
+        mover._confirm_timeout_s = 5.0
+        assert mover.move(0, "", "", 10).ids == [], "claimed again before its claim lease passed"
+        wait_for(lambda: mover.move(0, "", "", 10).ids == [h.id], 10, interval=0.1,
+                 what="the claim to be published again after its lease")
+        assert mover.confirmed == 1
+    finally:
+        mover.close()
+    assert store.get(h.id)["st"] == "QUEUED" and store.get(h.id)["claims"] == "2"
+    assert inflight(store.client, app.conf.delayed_key_prefix) == 0
+    got = rabbit_ids(rabbitmq_url, rabbit_queue)
+    assert set(got) == {h.id} and got[h.id] >= 2, got
+
+
+@pytest.mark.timeout(60)
+def test_confirm_publish_false_publishes_without_confirms(redis_url, rabbitmq_url, uid, rabbit_queue):
+    app = make_app(rabbitmq_url, uid, delayed_redis_url=redis_url, delayed_shards=1,
+                   broker_transport_options={"confirm_publish": False})
+    store = get_store(app)
+    ids = schedule(app, 3, lambda i: 0)
+    mover = PublishMover(app, store)
+    try:
+        assert sorted(mover.move(0, "", "", 10).ids) == sorted(ids)
+        assert not mover.confirms, "publisher confirms are on although confirm_publish is False"
+        assert (mover.confirmed, mover.refused) == (0, 0)
+    finally:
+        mover.close()
+    assert {store.get(j)["st"] for j in ids} == {"QUEUED"}
+    assert inflight(store.client, app.conf.delayed_key_prefix) == 0
+    assert rabbit_ids(rabbitmq_url, rabbit_queue) == collections.Counter({j: 1 for j in ids})

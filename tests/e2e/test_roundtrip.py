@@ -4,6 +4,7 @@ One worker subprocess per broker configuration; every case of that
 configuration is scheduled and released (with ``DirectMover``, i.e.
 release_due.lua plus the task-sent events) before the worker starts, so the
 test also checks where each message landed, then the worker must run them all.
+The task is a plain one (``e2e.plain``): a message pushed twice would run twice.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,6 +20,7 @@ import redis
 from celery import Celery
 from kombu import Connection, Exchange, Queue
 from support import WorkerProcess, make_app, ran, wait_for
+from support.delivery import received, undelivered
 
 from celery_delayed import apply_later, get_store
 from celery_delayed.scheduler.mover import DirectMover
@@ -112,14 +113,14 @@ def test_priorities_queues_routing_keys_serializers_and_sent_events(
         Queue(f"bound{uid}", Exchange(f"ex{uid}", type="direct"), routing_key="rk.custom",
               channel=conn.default_channel).declare()
 
-    by_priority = {p: apply_later(app, "e2e.mark", args=(p,), when=0, priority=p, strict=False).id
+    by_priority = {p: apply_later(app, "e2e.plain", args=(p,), when=0, priority=p, strict=False).id
                    for p in range(10)}
-    other = apply_later(app, "e2e.mark", args=("other",), when=0, queue=f"other{uid}", strict=False).id
-    routed = apply_later(app, "e2e.mark", args=("rk",), when=0, exchange=f"ex{uid}",
+    other = apply_later(app, "e2e.plain", args=("other",), when=0, queue=f"other{uid}", strict=False).id
+    routed = apply_later(app, "e2e.plain", args=("rk",), when=0, exchange=f"ex{uid}",
                          routing_key="rk.custom", strict=False).id
-    pickled = apply_later(app, "e2e.mark", args=({1, 2},), when=0, serializer="pickle", strict=False).id
-    packed = apply_later(app, "e2e.mark", args=("z" * 2000,), when=0, compression="gzip", strict=False).id
-    later = apply_later(app, "e2e.mark", when=3600, strict=False).id
+    pickled = apply_later(app, "e2e.plain", args=({1, 2},), when=0, serializer="pickle", strict=False).id
+    packed = apply_later(app, "e2e.plain", args=("z" * 2000,), when=0, compression="gzip", strict=False).id
+    later = apply_later(app, "e2e.plain", when=3600, strict=False).id
     ids = [*by_priority.values(), other, routed, pickled, packed]
 
     released, events = _release_all(app)
@@ -143,20 +144,25 @@ def test_priorities_queues_routing_keys_serializers_and_sent_events(
     sent = {e["uuid"]: e for e in log.of("task-sent")}
     assert sent[other]["queue"] == f"other{uid}"
     assert (sent[routed]["exchange"], sent[routed]["routing_key"]) == (f"ex{uid}", "rk.custom")
-    assert sent[by_priority[7]]["name"] == "e2e.mark"
+    assert sent[by_priority[7]]["name"] == "e2e.plain"
 
     w = WorkerProcess(redis_url, prefix, queue, conf=conf, pool="threads", concurrency=2,
                       queues=[queue, f"other{uid}", f"bound{uid}"], extra=["-E"])
     workers.append(w)
     w.wait_ready()
     wait_for(lambda: set(ran(rclient, prefix)) >= set(ids), 60, what=f"runs, worker log: {w.output()[-2000:]}")
-    time.sleep(0.3)
+    # The worker saw them as ordinary Celery tasks (what Flower shows).
+    wait_for(lambda: {e["uuid"] for e in log.of("task-succeeded")} >= set(ids), 15, what="task-succeeded events")
+    # Stopped, the worker gives back what it held: nothing is left to deliver, so the counts are final.
+    w.stop()
+    all_lists = [*lists, f"other{uid}", f"bound{uid}"]
+    assert undelivered(rclient, ids, all_lists) == []
     counts = collections.Counter(ran(rclient, prefix))
     assert set(counts) == set(ids) and max(counts.values()) == 1
     for key in lists:
         assert rclient.llen(key) == 0
-    # The worker saw them as ordinary Celery tasks (what Flower shows).
-    wait_for(lambda: {e["uuid"] for e in log.of("task-succeeded")} >= set(ids), 15, what="task-succeeded events")
+    deliveries = received(w.output(), "e2e.plain")
+    assert set(deliveries) == set(ids) and max(deliveries.values()) == 1
 
 
 @pytest.mark.timeout(120)
@@ -168,9 +174,9 @@ def test_global_keyprefix_and_buckets(redis_url: str, uid: str, workers: list[An
     with Connection(redis_url, transport_options={"global_keyprefix": gkp}) as conn:
         Queue(f"bound{uid}", Exchange(f"ex{uid}", type="direct"), routing_key="rk.custom",
               channel=conn.default_channel).declare()
-    ids = [apply_later(app, "e2e.mark", args=(p,), when=0, priority=p, strict=False).id for p in (0, 4, 9)]
-    ids.append(apply_later(app, "e2e.mark", when=0, queue=f"other{uid}", strict=False).id)
-    ids.append(apply_later(app, "e2e.mark", when=0, exchange=f"ex{uid}", routing_key="rk.custom",
+    ids = [apply_later(app, "e2e.plain", args=(p,), when=0, priority=p, strict=False).id for p in (0, 4, 9)]
+    ids.append(apply_later(app, "e2e.plain", when=0, queue=f"other{uid}", strict=False).id)
+    ids.append(apply_later(app, "e2e.plain", when=0, exchange=f"ex{uid}", routing_key="rk.custom",
                            strict=False).id)
     assert _release_all(app)[0] == len(ids)
     for key in (f"{gkp}{queue}", f"{gkp}{queue}{SEP}3", f"{gkp}{queue}{SEP}9", f"{gkp}other{uid}",
@@ -184,8 +190,14 @@ def test_global_keyprefix_and_buckets(redis_url: str, uid: str, workers: list[An
     w.wait_ready()
     wait_for(lambda: set(ran(rclient, prefix)) >= set(ids), 60, what=f"runs, worker log: {w.output()[-2000:]}")
     # A job released while the worker runs is picked up as well.
-    late = apply_later(app, "e2e.mark", when=0, priority=6, strict=False).id
+    late = apply_later(app, "e2e.plain", when=0, priority=6, strict=False).id
     assert _release_all(app)[0] == 1
     wait_for(lambda: late in ran(rclient, prefix), 30, what="the late job to run")
+    w.stop()
+    keys = [f"{gkp}{queue}", *(f"{gkp}{queue}{SEP}{step}" for step in (3, 6, 9)), f"{gkp}other{uid}",
+            f"{gkp}bound{uid}"]
+    assert undelivered(rclient, [*ids, late], keys, unacked=f"{gkp}unacked") == []
     counts = collections.Counter(ran(rclient, prefix))
     assert set(counts) == {*ids, late} and max(counts.values()) == 1
+    deliveries = received(w.output(), "e2e.plain")
+    assert set(deliveries) == {*ids, late} and max(deliveries.values()) == 1

@@ -6,7 +6,9 @@ from __future__ import annotations
 import contextlib
 import json
 import random
+import signal
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -117,6 +119,37 @@ def test_cancel_running_says_so_and_terminate_kills_it(redis_url, uid, rclient, 
     assert rec["st"] == "CANCELLED" and "lo" not in rec
 
 
+@pytest.mark.e2e
+@pytest.mark.timeout(90)
+def test_terminate_with_a_signal_and_from_the_handle(redis_url, uid, rclient, workers):
+    """``cancel(app, id, terminate=True, signal="SIGKILL")`` kills the running pool process with that
+    signal; ``h.cancel(terminate=True)`` cancels a running job from its handle (True) and kills it
+    with the default SIGTERM."""
+    conf = {"imports": ["worker_side_tasks"], "result_backend": redis_url}
+    app = make_app(redis_url, uid, **conf)
+    prefix, queue = app.conf.delayed_key_prefix, app.conf.task_default_queue
+    by_id = apply_later(app, "ws.slow", (30,), when=0, strict=False)
+    by_handle = apply_later(app, "ws.slow", (30,), when=0, strict=False)
+    _release_all(app)
+    w = WorkerProcess(redis_url, prefix, queue, conf=conf, concurrency=2)
+    workers.append(w)
+    wait_for(lambda: rclient.llen(f"{prefix}:started") == 2, 30, what="both bodies to start")
+    assert by_handle.cancel() is False  # running: not without terminate
+    assert cancel(app, by_id.id, terminate=True, signal="SIGKILL") == "RUNNING"
+    assert by_handle.cancel(terminate=True) is True
+    for h in (by_id, by_handle):
+        wait_for(lambda h=h: app.AsyncResult(h.id).state == "REVOKED", 20, what=f"{h.id} to be REVOKED")
+        assert h.job_state == "CANCELLED"
+    # The worker sent each pool process the signal asked for (SIGKILL; SIGTERM by default) ...
+    out = w.output()
+    assert f"Terminating {by_id.id} ({int(signal.SIGKILL)})" in out, out[-3000:]
+    assert f"Terminating {by_handle.id} ({int(signal.SIGTERM)})" in out, out[-3000:]
+    # ... and both processes that ran the bodies are gone.
+    pids = {int(x.split("|")[1]) for x in rclient.lrange(f"{prefix}:started", 0, -1)}
+    wait_for(lambda: all(_gone(pid) for pid in pids), 20, what="the pool processes to die")
+    assert ran(rclient, prefix) == []  # neither body reached its end
+
+
 @pytest.mark.timeout(60)
 def test_cancel_races_release_each_job_released_or_cancelled_never_both(redis_url, uid, rclient):
     """Cancels from one thread against releases from another, 2,000 jobs already due."""
@@ -163,6 +196,14 @@ def test_cancel_races_release_each_job_released_or_cancelled_never_both(redis_ur
     assert len(cancelled_before) > 100 and len(released) > 100, "no race happened"
     states = {store.get(j)["st"] for j in ids}
     assert states == {"CANCELLED"}
+
+
+def _gone(pid: int) -> bool:
+    """Whether process ``pid`` is dead (or a zombie waiting to be reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")
+    except (FileNotFoundError, ProcessLookupError):
+        return True
 
 
 def app_many(app: Celery, n: int) -> list[Any]:

@@ -17,6 +17,7 @@ and ``appendfsync everysec``, restartable on the same port), starts
 from __future__ import annotations
 
 import collections
+import json
 import os
 import random
 import re
@@ -34,6 +35,7 @@ from typing import Any
 import redis
 from celery import Celery
 from support import Proc, RedisServer, app_env, make_app, wait_for
+from support.delivery import queue_keys
 
 from celery_delayed import apply_later_many
 from celery_delayed.store import ShardStatus, Store
@@ -80,6 +82,7 @@ class Outcome:
     delivered_twice: int = 0  # jobs whose message reached a worker more than once
     lost_in_store: int = 0  # of lost: no record, or never released
     lost_in_broker: int = 0  # of lost: released (QUEUED) but the message is gone from the broker
+    deliverable: int = 0  # of lost: released, its message still on the queue or in kombu's unacked hash
     seconds: float = 0.0
     notes: dict[str, Any] = field(default_factory=dict)
 
@@ -94,7 +97,8 @@ class Outcome:
     def line(self) -> str:
         extra = "".join(f", {k}={v}" for k, v in self.notes.items())
         if self.lost:
-            extra = f" (in store {self.lost_in_store}, in broker {self.lost_in_broker}){extra}"
+            extra = (f" (in store {self.lost_in_store}, in broker {self.lost_in_broker}, "
+                     f"still deliverable {self.deliverable}){extra}")
         return (f"[faults] {self.scenario}: jobs={self.jobs} faults={self.faults} executed={self.executed} "
                 f"lost={self.lost} duplicated={self.duplicated} delivered_twice={self.delivered_twice} "
                 f"in {self.seconds:.1f}s{extra}")
@@ -246,8 +250,8 @@ class FaultRun:
         """Count executed / lost / duplicated jobs of ``ids`` (``exclude``: expected not to run).
 
         Call it after waiting for everything due to run: a job that has not
-        run by then is lost (its record's state, if it has one, goes into
-        ``notes["not_run"]``).
+        run by then is lost, and :meth:`classify` says where each one is
+        (``notes["not_run"]``).
         """
         counts = self.counts()
         delivered = self.deliveries()
@@ -259,29 +263,45 @@ class FaultRun:
                       delivered_twice=sum(1 for i in jobs if delivered[i] > 1),
                       seconds=time.monotonic() - self.t0)
         if not_run:
-            store = self.store()
-            # Where the message of a job that did not run is: still on the queue, held in
-            # kombu's unacked hash (restored after visibility_timeout), or nowhere.
-            listed = "\n".join(store.client.lrange(self.queue, 0, -1))
-            unacked = "\n".join(store.client.hvals("unacked"))
-            states: collections.Counter[str] = collections.Counter()
-            for i in not_run[:500]:
-                try:
-                    st = store.get(i).get("st")
-                except Exception:
-                    st = None
-                if st is None:
-                    out.lost_in_store += 1  # acknowledged to the caller, then gone
-                    states["no record"] += 1
-                    continue
-                where = "on the queue" if i in listed else "in unacked" if i in unacked else "message gone"
-                if st in ("SCHEDULED", "CLAIMED"):
-                    out.lost_in_store += 1  # never released
-                elif where == "message gone":
-                    out.lost_in_broker += 1  # released, then the broker lost the message
-                states[f"{st}, delivered {delivered[i]}x, {where}"] += 1
-            out.notes["not_run"] = dict(states)
+            out.notes["not_run"] = self.classify(not_run, delivered, out)
         return out
+
+    def classify(self, not_run: list[str], delivered: collections.Counter[str], out: Outcome) -> dict[str, int]:
+        """Where each job that did not run is (every one of them), counted into ``out``.
+
+        No record, or never released (SCHEDULED / CLAIMED): lost by the store.
+        Released but its message is neither on the queue nor in kombu's unacked
+        hash: lost by the broker. On the queue or in unacked: still deliverable
+        (``out.deliverable``), not lost, only late.
+        """
+        store = self.store()
+        c = store.client
+        pipe = c.pipeline(transaction=True)
+        for key in queue_keys(self.queue):
+            pipe.lrange(key, 0, -1)
+        pipe.hvals("unacked")
+        *lists, held = pipe.execute()
+        listed = {json.loads(raw)["headers"]["id"] for raws in lists for raw in raws}
+        unacked = {json.loads(raw)[0]["headers"]["id"] for raw in held}
+        pipe = c.pipeline(transaction=False)
+        for i in not_run:
+            pipe.hget(store.keys.shard(store.shard_of(i)).job(i), "st")
+        states: collections.Counter[str] = collections.Counter()
+        for i, st in zip(not_run, pipe.execute(), strict=True):
+            if st is None:
+                out.lost_in_store += 1  # acknowledged to the caller, then gone
+                states["no record"] += 1
+                continue
+            where = "on the queue" if i in listed else "in unacked" if i in unacked else "message gone"
+            if st in ("SCHEDULED", "CLAIMED"):
+                out.lost_in_store += 1  # never released
+            elif where == "message gone":
+                out.lost_in_broker += 1  # released, then the broker lost the message
+            else:
+                out.deliverable += 1
+            states[f"{st}, delivered {delivered[i]}x, {where}"] += 1
+        assert sum(states.values()) == len(not_run)
+        return dict(states)
 
     def store_problems(self) -> list[str]:
         """Inconsistencies of the store (an empty list when it is consistent)."""

@@ -151,6 +151,7 @@ def test_apply_later_many(tapp: Celery, rclient: redis.Redis) -> None:
     assert sum(r["pending"] for r in ShardStatus(get_store(tapp)).rows()) == 30
     assert apply_later_many(tapp, NAME, []) == []
     more = apply_later_many(tapp, NAME, ({"args": (i,)} for i in range(3)))  # any iterable, when defaults to 0
+    assert len(more) == 3 and len({h.id for h in more}) == 3
     assert all(h.created for h in more)
 
 
@@ -407,6 +408,7 @@ def test_redis_going_down_and_back(uid: str) -> None:
         client = redis.Redis.from_url(server.url, decode_responses=True)
         assert client.dbsize() == 0
         hs = apply_later_many(app, NAME, [{"when": 5, "shard_key": str(i)} for i in range(8)], strict=False)
+        assert len(hs) == 8 and len({x.id for x in hs}) == 8
         assert all(x.created for x in hs)
         with pytest.raises(JobNotFound):
             h.job()

@@ -596,6 +596,7 @@ def test_noscript_is_recovered(store: Store, redis_server: Any) -> None:
     store.client.script_flush()
     # Several shards in one pipeline: the NOSCRIPT replies are retried after a load.
     res = store.schedule([job(store, f"m{i}", T, shard=i) for i in range(4)], now_ms=T)
+    assert [r.id for r in res] == [f"m{i}" for i in range(4)]
     assert all(r.created for r in res)
     store.client.script_flush()
     assert store.release_due(0, now_ms=T).count == 3

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from celery_delayed.store.loader import scripts
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # Runs inside the venv, from a folder outside the repository: it must import
@@ -22,7 +24,7 @@ import celery_delayed
 from celery import Celery
 from celery_delayed import get_store
 from celery_delayed.producer.jobs import prepare
-from celery_delayed.store.loader import lua_dir
+from celery_delayed.store.loader import lua_dir, scripts
 
 pkg = Path(celery_delayed.__file__).resolve().parent
 app = Celery("pkgtest", broker=sys.argv[1], set_as_current=False)
@@ -38,6 +40,8 @@ print(json.dumps({
     "lua_dir": str(lua_dir()),
     "py_typed": (pkg / "py.typed").is_file(),
     "scripts": sorted(p.name for p in lua_dir().glob("*.lua")),
+    "includes": sorted(p.name for p in (lua_dir() / "includes").glob("*.lua")),
+    "shas": {s.name: s.sha for s in scripts().all()},
     "created": scheduled.created,
     "released": batch.ids,
     "queued": client.llen("q" + uid),
@@ -89,6 +93,13 @@ def test_installed_wheel_finds_its_lua_scripts(tmp_path: Path, redis_url: str) -
     assert Path(info["lua_dir"]) == pkg / "lua"
     assert info["py_typed"] is True
     assert {"schedule.lua", "release_due.lua", "claim_due.lua", "cancel.lua"} <= set(info["scripts"])
+    # Every script and every include of the repository is in the wheel, and each script the
+    # installed package loads (includes inlined) is byte for byte the repository's (same SHA).
+    assert info["scripts"] == sorted(p.name for p in (ROOT / "lua").glob("*.lua"))
+    assert info["includes"] == sorted(p.name for p in (ROOT / "lua" / "includes").glob("*.lua"))
+    assert len(info["includes"]) >= 5
+    assert info["shas"] == {s.name: s.sha for s in scripts().all()}
+    assert sorted(f"{name}.lua" for name in info["shas"]) == info["scripts"]
     assert info["created"] is True
     assert len(info["released"]) == 1 and info["queued"] == 1
     assert info["state"] == "QUEUED"

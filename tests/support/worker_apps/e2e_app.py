@@ -5,6 +5,12 @@ E2E_BROKER (broker URL), E2E_REDIS (store URL, default the broker),
 E2E_PREFIX (delayed_key_prefix and record keys), E2E_QUEUE (default queue),
 E2E_CONF (JSON of extra settings). Task bodies record each run in Redis:
 RPUSH <prefix>:ran "<task id>|<pid>|<retries>".
+
+``e2e.plain`` is a plain Celery task (no ``DelayedTask``). Released from the
+store, it still runs under the ledger (CONTRACTS rule 5: a duplicate message
+becomes a skip), so tests of the release path count the messages themselves:
+on the queue with no worker running, or the workers' "received" lines
+(``support.delivery``), which come before the ledger.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import os
 import time
 
 import redis
-from celery import Celery
+from celery import Celery, Task
 
 from celery_delayed import DelayedTask
 
