@@ -17,7 +17,8 @@ then F field names; then per job: id, due, F field values (an empty value is
   (Shared fields are sent once per call: every argument becomes a Lua string,
   and that, more than the writes, is what a large batch costs.)
 
-The record gets st=SCHEDULED, due, created (now), the shared and its own fields.
+The record gets st=SCHEDULED, due, created (now), the shared and its own fields;
+an `exp` given as '+<ms>' (Celery's relative `expires`) becomes now + ms.
 A job whose id is taken is not written, except that a job with a `gen` field
 (a later generation of an idempotency key's job) replaces a CANCELLED record
 of the generation before it: a cancel frees the key, and the worker side
@@ -35,12 +36,17 @@ local prefix, bucket_ms = ARGV[2], tonumber(ARGV[3])
 local channel, shard = ARGV[4], ARGV[5]
 local rec = {'st', 'SCHEDULED', 'due', 0, 'created', now}
 local at = 7 + 2 * tonumber(ARGV[6])
-for j = 7, at - 1 do rec[#rec + 1] = ARGV[j] end
+-- A relative `exp` ('+<ms>') counts from this server's clock, as `due` does.
+local function field_value(name, v)
+  if name == 'exp' and string.byte(v, 1) == 43 then return now + tonumber(string.sub(v, 2)) end
+  return v
+end
+for j = 7, at - 1, 2 do rec[#rec + 1] = ARGV[j]; rec[#rec + 1] = field_value(ARGV[j], ARGV[j + 1]) end
 local base, nf = #rec, tonumber(ARGV[at])
-local names, gen_at = {}, nil
+local names, gen_at, exp_at = {}, nil, nil
 for f = 1, nf do
   names[f] = ARGV[at + f]
-  if names[f] == 'gen' then gen_at = f end
+  if names[f] == 'gen' then gen_at = f elseif names[f] == 'exp' then exp_at = f end
 end
 
 local out, n, i, earliest_new, zs = {}, #ARGV, at + nf + 1, nil, {}
@@ -63,6 +69,7 @@ while i <= n do
     local m = base
     for f = 1, nf do
       local v = ARGV[i + 1 + f]
+      if f == exp_at and v ~= '' then v = field_value('exp', v) end
       if v ~= '' then rec[m + 1] = names[f]; rec[m + 2] = v; m = m + 2 end
     end
     call('HSET', jk, unpack(rec, 1, m))

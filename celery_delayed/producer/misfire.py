@@ -73,6 +73,22 @@ def expires_ms(expires: object, now_s: float | None = None) -> int | None:
     return round(((time.time() if now_s is None else now_s) + expires) * 1000)
 
 
+def expires_spec(expires: object) -> str | None:
+    """The record's ``exp`` field: '<ms>' for a datetime, '+<ms>' for seconds from now.
+
+    A relative ``expires`` is counted from the Redis server's clock, the one
+    that decides release (``schedule.lua`` adds it to its ``now``), so an app
+    server whose clock is off neither expires a job early nor keeps it late.
+    """
+    if expires is None:
+        return None
+    if isinstance(expires, datetime):
+        return str(expires_ms(expires))
+    if isinstance(expires, bool) or not isinstance(expires, (int, float)) or not math.isfinite(expires):
+        raise InvalidOption(f"expires must be seconds from now or a datetime, got {expires!r}")
+    return f"+{max(0, round(expires * 1000))}"
+
+
 def check_expiry(expires: object, due: str, now_s: float | None = None) -> None:
     """Refuse an ``expires`` at or before the due time: such a job could never run.
 
@@ -135,9 +151,9 @@ def release_fields(options: MutableMapping[str, Any], task: Any, config: Delayed
             "'dead', set it on the task or set delayed_misfire"
         )
     out: dict[str, str] = {}
-    exp = expires_ms(options.get("expires"))
+    exp = expires_spec(options.get("expires"))
     if exp is not None:
-        out[Field.EXPIRES] = str(exp)
+        out[Field.EXPIRES] = exp
     if ml is not None and mf != "run":
         out[Field.MAX_LATENESS], out[Field.MISFIRE] = str(ml), mf
     return out

@@ -23,10 +23,10 @@ import redis
 from celery import Celery
 from redis.exceptions import NoScriptError, ResponseError
 
-from ..config import DelayedConfig, get_config
+from ..config import DelayedConfig, broker_url, get_config
 from ..errors import ConfigurationError, InvalidOption, InvalidState, JobNotFound, LeaseLost, raise_for
 from ..vocab import Field, JobState, Reply
-from .broker_layout import BrokerLayout
+from .broker_layout import BrokerLayout, same_redis
 from .client import make_client, translate_errors
 from .keys import Keys, shard_for
 from .loader import Arg, Script, Scripts, scripts
@@ -160,7 +160,39 @@ class Store:
                     f"was created with {held}: every producer and scheduler of one store must use the "
                     "same delayed_shards and delayed_bucket_ms (use another delayed_key_prefix to change them)"
                 )
+        self._check_direct()
         self._layout_ok = True
+
+    def _check_direct(self) -> None:
+        """Refuse a forced direct path whose broker is not the store's server (and database).
+
+        The release script pushes onto the store server's lists: with the
+        broker elsewhere no worker would ever read them. ``auto`` decides by
+        the URLs; a forced ``"direct"`` (the same server under another URL,
+        e.g. a unix socket) is checked by asking both for their run id.
+        """
+        if self.config.release_mode != "direct":
+            return
+        broker = broker_url(self.app.conf)
+        if not broker or same_redis(broker, self.url):
+            return
+        why = ""
+        try:
+            other = redis.Redis.from_url(broker, socket_connect_timeout=2, socket_timeout=5)
+            try:
+                theirs = other.info("server").get("run_id"), other.connection_pool.connection_kwargs.get("db", 0)
+            finally:
+                other.close()
+            ours = self.client.info("server").get("run_id"), self.client.connection_pool.connection_kwargs.get("db", 0)
+            if theirs != ours:
+                why = "a different Redis server or database"
+        except (ResponseError, ValueError) as exc:
+            why = f"not a Redis server this store can verify ({exc})"
+        if why:
+            raise ConfigurationError(
+                f"delayed_release_mode is 'direct', but the broker {broker_url(self.app.conf)!r} is {why} than "
+                f"the store's: the release script pushes onto the store server's lists, which no worker of this "
+                "broker reads. Use delayed_release_mode 'auto' or 'publish'")
 
     def shard_of(self, job_id: str, shard_key: str | None = None) -> int:
         """The shard a job lives in: ``crc32(shard_key or job_id) % delayed_shards``."""

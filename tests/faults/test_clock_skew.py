@@ -88,11 +88,6 @@ def test_skewed_clocks_release_nothing_early(monkeypatch: pytest.MonkeyPatch) ->
             assert abs(shown - (p.started_at + skew)) < 10, (shown, p.started_at, skew)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "bug: producer/misfire.py expires_ms() adds a relative `expires` to the app server's own "
-    "time.time(), not to the Redis clock that decides release: an app clock 30 s slow makes "
-    "expires=20 already past when the job is released (EXPIRED, never sent), a clock 30 s fast "
-    "lets it live 30 s longer"))
 @pytest.mark.parametrize("skew", [+SKEW_S, -SKEW_S])
 def test_relative_expires_is_counted_from_the_redis_clock(redis_url: str, uid: str, skew: float,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:

@@ -86,10 +86,6 @@ def test_forced_direct_path_to_the_same_server_through_another_url(unix_redis: U
     assert sorted(consume(unix_redis.tcp_url, app.conf.task_default_queue, 3)) == sorted(h.id for h in hs)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "bug: delayed_release_mode='direct' with the broker on another Redis server is neither refused "
-    "nor delivered: release_due.lua pushes onto the store server's list, which the broker's workers "
-    "never read, and marks the job QUEUED (nothing compares the two servers, e.g. INFO run_id)"))
 def test_forced_direct_path_with_the_broker_on_another_server_is_refused_or_delivered(
         unix_redis: UnixRedis, redis_url: str, uid: str) -> None:
     broker = unix_redis.tcp_url  # another server than the store's (the session's redis_url)

@@ -20,7 +20,7 @@ import os
 import time
 
 import redis
-from celery import Celery, Task
+from celery import Celery
 
 from celery_delayed import DelayedTask
 
