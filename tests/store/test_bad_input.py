@@ -238,7 +238,7 @@ def test_same_id_under_another_shard_key_is_a_second_job_today(bapp, id_kwarg):
     for h in (first, second):
         assert store.get(h.id, h.shard)["st"] == "SCHEDULED"
     assert sorted((r["id"], r["shard"]) for r in Pending(store).page()) == sorted(
-        [(first.id, str(first.shard)), (first.id, str(second.shard))])
+        [(first.id, first.shard), (first.id, second.shard)])
     assert second.cancel() is True  # by its own shard
     assert store.get(first.id, first.shard)["st"] == "SCHEDULED"
     assert store.get(second.id, second.shard)["st"] == "CANCELLED"

@@ -167,8 +167,9 @@ def test_requeue_replies_for_each_kind_of_id(store: Store) -> None:
     queued(store, "ok")
     queued(store, "nomsg")
     queued(store, "alive")
+    assert store.start("nomsg", 0, "w", now_ms=T).code == Reply.OK  # started: its message is dropped
     assert store.dead("ok", 0, {"etype": "E", "msg": "m-ok"}, now_ms=T).ok
-    assert store.dead("nomsg", 0, {"etype": "E"}, now_ms=T + 1).ok  # released: no message left
+    assert store.dead("nomsg", 0, {"etype": "E"}, now_ms=T + 1).ok
     # Index entries whose record is gone or is not DEAD (left behind by a crash or by hand).
     store.client.zadd(sk.dlq, {"gone": T + 2, "alive": T + 3})
     due, outcomes = store.requeue(0, ["ok", "nomsg", "gone", "alive"], "+500", now_ms=T + 10)
