@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from celery_delayed.testing import RedisServer
 
-from . import report, s_durability, s_lateness, s_memory, s_release, s_schedule
+from . import report, s_drain, s_durability, s_lateness, s_memory, s_release, s_schedule
 from .common import Ctx
 
 SCENARIOS: dict[str, Callable[[Ctx], None]] = {
@@ -33,6 +33,7 @@ SCENARIOS: dict[str, Callable[[Ctx], None]] = {
     "buckets": s_release.buckets,  # 10
     "postgres": s_release.postgres,  # 11
     "durability": s_durability.durability,  # 12
+    "drain": s_drain.drain,  # 14
 }
 
 

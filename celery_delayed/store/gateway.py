@@ -16,7 +16,7 @@ import contextlib
 import json
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import redis
@@ -29,6 +29,7 @@ from ..vocab import Field, JobState, Reply
 from .broker_layout import BrokerLayout, same_redis
 from .client import make_client, translate_errors
 from .keys import Keys, shard_for
+from .lane import Lanes
 from .loader import Arg, Script, Scripts, scripts
 from .records import NEW_JOB_FIELDS, Batch, NewJob, Outcome, Scheduled, Started
 
@@ -78,6 +79,7 @@ class Store:
         self.broker = BrokerLayout.from_app(app, self.config)
         self._layout_ok = False
         self._scripts: Scripts | None = None
+        self._lanes = Lanes(self.client)
 
     @property
     def scripts(self) -> Scripts:
@@ -505,7 +507,7 @@ class Store:
         ``generation`` is the delivered message's (its ``delayed_gen`` header).
         """
         sk = self.keys.shard(shard)
-        code, state, attempt, until, why = self._run(
+        code, state, attempt, until, why = self._lanes.get().call(
             self.scripts.start, [sk.job(job_id), sk.released, sk.changes],
             [_now(now_ms), owner, self.config.exec_lease_ms, hostname, generation or "", job_id, self.logs_changes],
         )
@@ -536,14 +538,39 @@ class Store:
         The outcome's code is OK, NOT_FOUND (no record) or NOT_OWNER (the
         lease is not this owner's any more; state = the job's state).
         """
+        code, state = self._run(self.scripts.finish, *self._finish_call(job_id, shard, owner, outcome, reason, now_ms))
+        return Outcome(Reply(int(code)), str(state))
+
+    def finish_later(
+        self, job_id: str, shard: int, owner: str, outcome: str, reason: str = "",
+        on_outcome: Callable[[Outcome | Exception], None] | None = None,
+    ) -> None:
+        """:meth:`finish` without waiting for the reply: the script is sent at once (Redis runs it
+        as it reads it), its reply is read with this thread's next store call and passed
+        to ``on_outcome`` (an :class:`Outcome`, or the exception the call raised)."""
+        def reply(raw: Any) -> None:
+            if on_outcome is None:
+                return
+            if isinstance(raw, Exception):
+                on_outcome(raw)
+            else:
+                on_outcome(Outcome(Reply(int(raw[0])), str(raw[1])))
+
+        self._lanes.get().send(self.scripts.finish, *self._finish_call(job_id, shard, owner, outcome, reason, None),
+                               on_reply=reply)
+
+    def drain_replies(self) -> None:
+        """Read the replies of this thread's :meth:`finish_later` calls now."""
+        self._lanes.get().drain()
+
+    def _finish_call(
+        self, job_id: str, shard: int, owner: str, outcome: str, reason: str, now_ms: int | None,
+    ) -> tuple[list[str], list[Arg]]:
         cfg = self.config
         sk = self.keys.shard(shard)
-        code, state = self._run(
-            self.scripts.finish, [sk.job(job_id), sk.changes],
-            [_now(now_ms), owner, outcome, cfg.done_ttl_s * 1000, cfg.idempotency_ttl_s * 1000, reason, job_id,
-             self.logs_changes],
-        )
-        return Outcome(Reply(int(code)), str(state))
+        return ([sk.job(job_id), sk.changes],
+                [_now(now_ms), owner, outcome, cfg.done_ttl_s * 1000, cfg.idempotency_ttl_s * 1000, reason, job_id,
+                 self.logs_changes])
 
     # -- failures and the dead-letter queue ------------------------------------------------
 

@@ -140,13 +140,15 @@ class _Beater:
         self.keepers: set[LeaseKeeper] = set()
         self.lock = threading.Lock()
         self.wake = threading.Event()
+        self.sleeps_until = 0.0  # when the thread wakes by itself next (monotonic)
         self.thread = threading.Thread(target=self._run, name="celery-delayed-leases", daemon=True)
         self.thread.start()
 
     def add(self, keeper: LeaseKeeper) -> None:
         with self.lock:
             self.keepers.add(keeper)
-        self.wake.set()  # it may be due before anything the thread sleeps toward
+        if keeper.next_at < self.sleeps_until:  # due before the thread wakes by itself
+            self.wake.set()
 
     def remove(self, keeper: LeaseKeeper) -> None:
         with self.lock:
@@ -168,7 +170,9 @@ class _Beater:
                     self.remove(k)
             with self.lock:
                 nxt = min((k.next_at for k in self.keepers), default=now + 60.0)
+                self.sleeps_until = nxt
             self.wake.wait(max(nxt - time.monotonic(), 0.0))
+            self.sleeps_until = 0.0
             self.wake.clear()
 
 
@@ -179,6 +183,9 @@ _the_beater: _Beater | None = None
 def _beater() -> _Beater:
     """This process's beater; a forked child (prefork pool) gets its own."""
     global _the_beater
+    beater = _the_beater
+    if beater is not None and beater.pid == os.getpid():
+        return beater
     with _beater_lock:
         if _the_beater is None or _the_beater.pid != os.getpid():
             _the_beater = _Beater()

@@ -29,7 +29,7 @@ from celery.backends.base import DisabledBackend
 from celery.exceptions import Ignore, Reject, Retry
 
 from ..errors import StoreUnavailable
-from ..store import Started, Store
+from ..store import Outcome, Started, Store
 from ..vocab import GENERATION_HEADER, JobState, request_header, request_shard
 from .execution import Execution, LeaseKeeper, delivery_tag, execution_token, job_shard, job_store
 
@@ -114,13 +114,24 @@ def _finish(task: Task, store: Store, ex: Execution, outcome: str, reason: str =
     # The body's outcome stands even if it cannot be recorded; the lease then
     # passes and a later redelivery may run the body again (documented).
     try:
+        if outcome == JobState.SUCCEEDED:
+            # Sent now, its reply read with this thread's next store call: no round trip waited for.
+            store.finish_later(ex.job_id, ex.shard, ex.owner, outcome, reason,
+                               on_outcome=functools.partial(_recorded, task.name, ex.job_id, outcome))
+            return
         result = store.finish(ex.job_id, ex.shard, ex.owner, outcome, reason)
     except Exception as exc:  # the store is down, full, or refused the write
-        logger.error("Could not record %s of %s[%s]: %s", outcome, task.name, ex.job_id, exc)
+        _recorded(task.name, ex.job_id, outcome, exc)
         return
-    if outcome == JobState.SUCCEEDED and not result.ok and result.state:
+    _recorded(task.name, ex.job_id, outcome, result)
+
+
+def _recorded(name: str, job_id: str, outcome: str, result: Outcome | Exception) -> None:
+    if isinstance(result, Exception):
+        logger.error("Could not record %s of %s[%s]: %s", outcome, name, job_id, result)
+    elif outcome == JobState.SUCCEEDED and not result.ok and result.state and result.state != outcome:
         logger.warning("Job %s[%s] finished, but its record says %s: not marked SUCCEEDED",
-                       task.name, ex.job_id, result.state)
+                       name, job_id, result.state)
 
 
 def _run(task: Task, store: Store, ex: Execution, body: Body, args: Any, kwargs: Any,
