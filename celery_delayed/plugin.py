@@ -5,8 +5,10 @@ Importing ``celery_delayed`` changes nothing. Two explicit seams:
 - :func:`install` wires one app: the ``send_task`` wrapper that routes
   delayed sends through the store while ``delayed_intercept_eta`` is on
   (:mod:`celery_delayed.worker.intercept`), and the embedded scheduler's
-  worker bootstep (enabled by ``celery worker --delayed``). A producer
-  process that wants interception calls it once after creating the app.
+  worker bootstep (enabled by ``celery worker --delayed``). Once per process
+  it also connects the worker side that every task needs: ``request.eta`` of
+  a released job (:mod:`.worker.eta`). A producer process that wants
+  interception calls it once after creating the app.
 - :func:`register_with_celery` runs when the ``celery`` command loads the
   ``delayed`` sub-command (the ``celery.commands`` entry point,
   ``celery_delayed.cli``): it adds ``--delayed`` to ``celery worker``,
@@ -20,7 +22,7 @@ from __future__ import annotations
 from celery import Celery, signals
 from celery._state import connect_on_app_finalize
 
-from .worker import bootstep, intercept, kombu_fixes
+from .worker import bootstep, eta, intercept, kombu_fixes
 
 _ATTR = "_celery_delayed_installed"
 _registered = False
@@ -38,6 +40,7 @@ def install(app: Celery) -> Celery:
     if not app.__dict__.get(_ATTR):
         intercept.install(app)
         bootstep.add_step(app)
+        eta.connect()
         app.__dict__[_ATTR] = True
     return app
 

@@ -58,12 +58,15 @@ def status(ctx: click.Context, as_json: bool) -> None:
     """Per shard: pending jobs, next due time, oldest overdue; and totals."""
     with errors():
         store = get_store(app_of(ctx))
-        rows = ShardStatus(store).rows()
+        status = ShardStatus(store)
+        rows = status.rows()
+        fallbacks = status.eta_fallbacks()
         # Live members only: a dead scheduler's entry stays until a heartbeat drops it.
         members = store.live_members()
         warnings = ServerHealth(store).warnings()
     if as_json:
-        click.echo(json.dumps({"shards": rows, "schedulers": members, "warnings": warnings}))
+        click.echo(json.dumps({"shards": rows, "schedulers": members, "warnings": warnings,
+                               "eta_fallbacks": fallbacks.as_dict()}))
         return
     click.echo(f"{'shard':>5} {'pending':>9} {'overdue':>8} {'inflight':>8}  next due / oldest overdue")
     for r in rows:
@@ -75,5 +78,11 @@ def status(ctx: click.Context, as_json: bool) -> None:
     firsts = [r["next_due_ms"] for r in rows if r["next_due_ms"] is not None]
     click.echo(f"total: {total} pending, {overdue} overdue, next due {fmt_ms(min(firsts) if firsts else None)}, "
                f"{len(members)} scheduler(s) {' '.join(members)}")
+    if fallbacks.count:
+        click.echo(f"eta fallbacks: {fallbacks.count} delayed send(s) went to the broker as ETA messages, "
+                   f"not the store; last at {fmt_ms(fallbacks.last_ms)}: {fallbacks.last_task}: "
+                   f"{fallbacks.last_reason}")
+    else:
+        click.echo("eta fallbacks: 0")
     for w in warnings:
         click.echo(f"WARNING: {w}")

@@ -25,7 +25,7 @@ from redis.exceptions import NoScriptError, ResponseError
 
 from ..config import DelayedConfig, get_config
 from ..errors import ConfigurationError, InvalidOption, JobNotFound, LeaseLost, raise_for
-from ..vocab import Field, JobState, Reply
+from ..vocab import ETA_FALLBACK_LAST, ETA_FALLBACKS, Field, JobState, Reply
 from .broker_layout import BrokerLayout
 from .client import make_client, translate_errors
 from .keys import Keys, shard_for
@@ -572,6 +572,20 @@ class Store:
         return int(self._run(
             self.scripts.purge_dead, [sk.dlq],
             ["", sk.job_prefix, "" if older_than_ms is None else older_than_ms, limit],
+        ))
+
+    # -- interception --------------------------------------------------------------------
+
+    def note_fallback(self, shard: int, task: str, reason: str, now_ms: int | None = None) -> int:
+        """Count a delayed send that went to the broker as an ETA message (``note_fallback.lua``).
+
+        Returns the shard's count; the fleet's is the sum over the shards
+        (:func:`~celery_delayed.store.views.eta_fallbacks`).
+        """
+        what = f"{task}|{' '.join(reason.split())}"[:500]
+        return int(self._run(
+            self.scripts.note_fallback, [self.keys.shard(shard).stats],
+            [_now(now_ms), ETA_FALLBACKS, ETA_FALLBACK_LAST, what],
         ))
 
 

@@ -13,6 +13,9 @@ so a script that touches one shard touches one slot::
     {prefix}:{<s>}:fence               STRING fencing counter, INCR on every hand-over
     {prefix}:{<s>}:job:<id>            HASH   the job record (see ``store.py``)
     {prefix}:{<s>}:dlq                 ZSET   dead job id -> time it died (epoch ms)
+    {prefix}:{<s>}:stats               HASH   the shard's counters (e.g. eta_fallbacks: delayed sends
+                                              interception sent to the broker; the sum over shards
+                                              is the fleet's figure)
 
 and, outside any shard::
 
@@ -104,6 +107,10 @@ class ShardKeys:
     @property
     def dlq(self) -> str:
         return f"{self.base}:dlq"
+
+    @property
+    def stats(self) -> str:
+        return f"{self.base}:stats"
 
     @property
     def job_prefix(self) -> str:

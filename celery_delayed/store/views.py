@@ -3,7 +3,8 @@
 - :class:`Pending`: scheduled jobs, in due order.
 - :class:`DeadLetters`: the dead-letter queue, most recent death first; show,
   requeue and purge.
-- :func:`shard_status`: per shard, pending, overdue and in-flight counts.
+- :class:`ShardStatus`: per shard, pending, overdue and in-flight counts; the
+  delayed sends that interception sent to the broker (``eta_fallbacks``).
 
 They read through the store's client and change the store only through the
 gateway's scripts.
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidOption, InvalidState, raise_for
-from ..vocab import Field, JobState, Reply
+from ..vocab import ETA_FALLBACK_LAST, ETA_FALLBACKS, Field, JobState, Reply
 from .client import translate_errors
 from .gateway import Store
 
@@ -71,6 +72,44 @@ class ShardStatus:
                 "oldest_overdue_ms": (now - nxt) if nxt is not None and nxt <= now else 0,
             })
         return out
+
+    def eta_fallbacks(self) -> EtaFallbacks:
+        """The fleet's count of broker ETA fallbacks (every shard's, summed) and the latest one.
+
+        One round trip. ``delayed status`` shows it; a metrics exporter reads
+        ``count`` as a counter (it only grows).
+        """
+        return _eta_fallbacks(self.store)
+
+
+@dataclass(frozen=True)
+class EtaFallbacks:
+    """Delayed sends that interception sent to the broker as ETA messages instead of the store."""
+
+    count: int
+    last_ms: int | None = None  # when the last one was sent (Redis clock), epoch ms
+    last_task: str = ""
+    last_reason: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        """The figures as a JSON-ready dict."""
+        return {"count": self.count, "last_ms": self.last_ms, "last_task": self.last_task,
+                "last_reason": self.last_reason}
+
+
+def _eta_fallbacks(store: Store) -> EtaFallbacks:
+    pipe = store.client.pipeline(transaction=False)
+    for s in range(store.config.shards):
+        pipe.hmget(store.keys.shard(s).stats, ETA_FALLBACKS, ETA_FALLBACK_LAST)
+    total, last = 0, ""
+    for count, latest in pipe.execute():
+        total += int(count or 0)
+        if latest and (not last or int(latest.split("|", 1)[0]) > int(last.split("|", 1)[0])):
+            last = latest
+    if not last:
+        return EtaFallbacks(total)
+    at, task, reason = [*last.split("|", 2), "", ""][:3]
+    return EtaFallbacks(total, int(at), task, reason)
 
 
 @translate_errors
