@@ -13,7 +13,7 @@ gateway's scripts.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -143,6 +143,46 @@ class Pending:
         if batch:
             self._rows(batch, task, offset, skipped, limit, out)
         return out
+
+    def messages(self, queues: Collection[str], limit: int = 100, max_scan: int = 1000) -> list[tuple[int, str]]:
+        """The stored messages of scheduled jobs bound for ``queues``, earliest due first: (due ms, message).
+
+        Bounded: at most ``limit`` jobs, found among the ``max_scan`` earliest
+        scheduled jobs of the store (two round trips per 200 looked at, plus
+        one per shard and due set to start the merge).
+        """
+        _check_page(0, limit)
+        store = self.store
+        wanted = set(queues)
+        streams = [self._shard_stream(s, k) for s in range(store.config.shards) for k in _due_keys(store, s)]
+        out: list[tuple[int, str]] = []
+        batch: list[tuple[int, int, str]] = []
+        for n, entry in enumerate(heapq.merge(*streams), 1):
+            batch.append(entry)
+            last = n >= max_scan
+            if len(batch) >= 200 or last:
+                self._messages(batch, wanted, limit, out)
+                batch = []
+            if last or len(out) >= limit:
+                return out
+        if batch:
+            self._messages(batch, wanted, limit, out)
+        return out
+
+    def _messages(self, batch: list[tuple[int, int, str]], queues: set[str], limit: int,
+                  out: list[tuple[int, str]]) -> None:
+        keys = self.store.keys
+        pipe = self.store.client.pipeline(transaction=False)
+        for _, s, jid in batch:
+            pipe.hmget(keys.shard(s).job(jid), Field.QUEUE, Field.STATE)
+        hits = [(due, s, jid) for (due, s, jid), (q, st) in zip(batch, pipe.execute(), strict=True)
+                if q in queues and st == JobState.SCHEDULED][: limit - len(out)]
+        if not hits:
+            return
+        pipe = self.store.client.pipeline(transaction=False)
+        for _, s, jid in hits:
+            pipe.hget(keys.shard(s).job(jid), Field.MESSAGE)
+        out.extend((due, msg) for (due, _, _), msg in zip(hits, pipe.execute(), strict=True) if msg)
 
     def _rows(self, batch: list[tuple[int, int, str]], task: str | None, offset: int, skipped: int, limit: int,
               out: list[dict[str, Any]]) -> int:
