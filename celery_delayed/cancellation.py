@@ -15,7 +15,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from celery import Celery
+from celery.app.control import Control
 from celery.utils.functional import maybe_list
+from celery.utils.imports import symbol_by_name
 
 from .announce import Announcer
 from .errors import DelayedError, InvalidOption, InvalidState, JobNotFound
@@ -65,11 +67,11 @@ def revoke_in_store(app: Celery, task_ids: Any, *, terminate: bool = False) -> d
     out: dict[str, str] = {}
     try:
         store = get_store(app)
-        for job_id in ids:
-            if not isinstance(job_id, str) or not job_id:
-                continue
+        # One round trip finds which ids are jobs (most revokes name tasks sent to the broker).
+        found = store.locate_many([i for i in dict.fromkeys(ids) if isinstance(i, str) and i])
+        for job_id, shard in found.items():
             try:
-                prev = store.cancel(job_id, running=terminate)
+                prev = store.cancel(job_id, shard, running=terminate)
             except (JobNotFound, InvalidState, InvalidOption):
                 continue
             if prev != JobState.RUNNING:
@@ -82,7 +84,7 @@ def revoke_in_store(app: Celery, task_ids: Any, *, terminate: bool = False) -> d
     return out
 
 
-class _DurableRevoke:
+class DurableRevoke:
     """Mixed into an app's ``control_cls``: ``revoke`` cancels stored jobs before Celery broadcasts it."""
 
     app: Celery
@@ -114,8 +116,14 @@ def install_revoke(app: Celery) -> None:
             revoke._celery_delayed = True  # type: ignore[attr-defined]
             control.revoke = revoke
         return
-    from celery.utils.imports import symbol_by_name
-
     base = symbol_by_name(app.control_cls)
-    if not issubclass(base, _DurableRevoke):
-        app.control_cls = type(f"Durable{base.__name__}", (_DurableRevoke, base), {})
+    if issubclass(base, DurableRevoke):
+        return
+    if base is Control:  # by name: an app that is pickled (Celery.__reduce_keys__) names its classes
+        app.control_cls = "celery_delayed.cancellation:DurableControl"
+    else:
+        app.control_cls = type(f"Durable{base.__name__}", (DurableRevoke, base), {"__module__": base.__module__})
+
+
+class DurableControl(DurableRevoke, Control):  # type: ignore[misc]
+    """Celery's ``Control`` whose ``revoke`` also cancels stored jobs (see :func:`install_revoke`)."""

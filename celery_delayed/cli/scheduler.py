@@ -78,11 +78,9 @@ def status(ctx: click.Context, as_json: bool) -> None:
     firsts = [r["next_due_ms"] for r in rows if r["next_due_ms"] is not None]
     click.echo(f"total: {total} pending, {overdue} overdue, next due {fmt_ms(min(firsts) if firsts else None)}, "
                f"{len(members)} scheduler(s) {' '.join(members)}")
-    if fallbacks.count:
+    if fallbacks.count:  # interception could not store these: each is a broker ETA message
         click.echo(f"eta fallbacks: {fallbacks.count} delayed send(s) went to the broker as ETA messages, "
                    f"not the store; last at {fmt_ms(fallbacks.last_ms)}: {fallbacks.last_task}: "
                    f"{fallbacks.last_reason}")
-    else:
-        click.echo("eta fallbacks: 0")
     for w in warnings:
         click.echo(f"WARNING: {w}")

@@ -248,6 +248,21 @@ class Store:
                 return s
         raise JobNotFound(job_id)
 
+    def locate_many(self, job_ids: Sequence[str]) -> dict[str, int]:
+        """The shard of each of ``job_ids`` that has a record, in one round trip (the others are left out)."""
+        n = self.config.shards
+        pipe = self.client.pipeline(transaction=False)
+        for job_id in job_ids:
+            for s in range(n):
+                pipe.exists(self.keys.shard(s).job(job_id))
+        hits = pipe.execute()
+        out: dict[str, int] = {}
+        for i, job_id in enumerate(job_ids):
+            found = next((s for s in range(n) if hits[i * n + s]), None)
+            if found is not None:
+                out[job_id] = found
+        return out
+
     def get(self, job_id: str, shard: int | None = None) -> dict[str, str]:
         """Return the job's record (without its message) or raise :class:`JobNotFound`."""
         s = self.locate(job_id, shard)

@@ -8,6 +8,7 @@ listing that answers ``inspect scheduled`` in Celery's format.
 from __future__ import annotations
 
 import json
+import pickle
 from datetime import datetime, timedelta, timezone
 
 from support import make_app
@@ -50,6 +51,17 @@ def test_install_makes_control_revoke_cancel_in_the_store(redis_url, uid):
         a.control.revoke(h.id)
         assert get_store(a).get(h.id)["st"] == "CANCELLED"
     assert type(app.control).__name__ == "DurableControl"
+    copy = pickle.loads(pickle.dumps(app))  # the class is named, so an installed app still pickles
+    assert copy.control_cls == "celery_delayed.cancellation:DurableControl"
+
+
+def test_locate_many_finds_jobs_in_any_shard_in_one_round_trip(redis_url, uid):
+    app = make_app(redis_url, uid, delayed_shards=8)
+    store = get_store(app)
+    a = apply_later(app, "x.task", when=60, strict=False)
+    b = apply_later(app, "x.task", when=60, shard_key="elsewhere", strict=False)
+    assert store.locate_many([a.id, "nope", b.id]) == {a.id: a.shard, b.id: b.shard}
+    assert store.locate_many([]) == {}
 
 
 def test_the_scheduled_listing_is_bounded_and_in_celerys_format(redis_url, uid):
