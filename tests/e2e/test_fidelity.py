@@ -58,14 +58,17 @@ def test_a_task_sees_the_eta_it_was_scheduled_with(redis_url, uid, workers, rcli
     _stub(app, "fd.ledger", DelayedTask)
     prefix, queue = app.conf.delayed_key_prefix, app.conf.task_default_queue
     store = get_store(app)
+    workers.append(w := WorkerProcess(redis_url, prefix, queue, conf=conf, concurrency=2, pool="threads"))
+    workers.append(SchedulerProcess(redis_url, prefix, queue, conf=conf))
+    w.wait_ready()  # first: the lateness asserted below is the release's, not the worker's start-up
     now = datetime.now(timezone.utc)
-    exact = (now + timedelta(seconds=1.7)).replace(microsecond=123457)
-    exact2 = (now + timedelta(seconds=1.9)).replace(microsecond=654321)
-    by_countdown = plain.apply_async(args=(1,), countdown=1.5)           # intercepted: stored
+    exact = (now + timedelta(seconds=3.2)).replace(microsecond=123457)
+    exact2 = (now + timedelta(seconds=3.4)).replace(microsecond=654321)
+    by_countdown = plain.apply_async(args=(1,), countdown=3)           # intercepted: stored
     by_eta = plain.apply_async(args=(2,), eta=exact)                      # intercepted: stored
     later = apply_later(app, "fd.ledger", (3,), when=exact2)             # a DelayedTask, apply_later
     moved = apply_later(app, "fd.ledger", (4,), when=3600)
-    moved_due = moved.reschedule(timedelta(seconds=1.5))                  # the header follows the new due time
+    moved_due = moved.reschedule(timedelta(seconds=3))                  # the header follows the new due time
     short = plain.apply_async(args=(5,), countdown=0.2)                   # under the minimum: Celery's ETA message
     now_ = plain.apply_async(args=(6,))                                   # no delay: no eta
     assert all(isinstance(h, DelayedResult) for h in (by_countdown, by_eta, later, moved))
@@ -73,9 +76,6 @@ def test_a_task_sees_the_eta_it_was_scheduled_with(redis_url, uid, workers, rcli
               for h in (by_countdown, by_eta, later, moved)}
     assert all(hd["eta"] is None for hd in stored.values())  # no worker holds a stored job until then
     assert stored[by_eta.id]["delayed_eta"] == exact.isoformat()
-    workers.append(w := WorkerProcess(redis_url, prefix, queue, conf=conf, concurrency=2, pool="threads"))
-    workers.append(SchedulerProcess(redis_url, prefix, queue, conf=conf))
-    w.wait_ready()
     ids = [by_countdown.id, by_eta.id, later.id, moved.id, short.id, now_.id]
     wait_for(lambda: all(runs(rclient, prefix, i) for i in ids), 40, what="the six runs")
     seen = {k: v[0]["eta"] for k, v in _seen(rclient, prefix).items()}
