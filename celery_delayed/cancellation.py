@@ -106,7 +106,7 @@ def install_revoke(app: Celery) -> None:
     """
     if "control" in app.__dict__:  # created already: wrap this instance's method
         control = app.__dict__["control"]
-        if not getattr(control.revoke, "_celery_delayed", False):
+        if not isinstance(control, DurableRevoke) and not getattr(control.revoke, "_celery_delayed", False):
             original = control.revoke
 
             def revoke(task_id: Any, destination: Any = None, terminate: bool = False, **kwargs: Any) -> Any:
