@@ -28,8 +28,8 @@ __all__ = ["apply_later", "apply_later_many", "cancel", "cancel_by_key", "job_id
 _GENERATION_TRIES = 5
 
 
-def _store_prepared(app: Celery, prepared: Sequence[Prepared], connection: Any = None) -> list[DelayedResult]:
-    """Store prepared jobs (one round trip) and return their handles.
+def store_prepared(app: Celery, prepared: Sequence[Prepared], connection: Any = None) -> list[DelayedResult]:
+    """Store prepared jobs (:func:`~celery_delayed.producer.jobs.prepare`; one round trip) and return their handles.
 
     A job with an idempotency key whose previous job was cancelled is stored
     again as that job's next generation (one more round trip, only then): a
@@ -115,7 +115,7 @@ def apply_later(
     opts = (task_defaults(task) if task is not None else {}) | options
     p = prepare(app, name, args, kwargs, when, task_id=task_id, shard_key=shard_key,
                 idempotency_key=idempotency_key, task_type=task, options=opts)
-    return _store_prepared(app, [p], connection)[0]
+    return store_prepared(app, [p], connection)[0]
 
 
 def apply_later_many(
@@ -156,7 +156,7 @@ def apply_later_many(
         return []
     if chosen and not get_store(app).config.database_url:  # with a database its primary key refuses them
         refuse_taken(get_store(app), chosen)
-    return _store_prepared(app, prepared, connection)
+    return store_prepared(app, prepared, connection)
 
 
 def cancel(app: Celery, job_id: str, *, terminate: bool = False, signal: str = "SIGTERM") -> str:

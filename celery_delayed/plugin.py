@@ -4,9 +4,14 @@ Importing ``celery_delayed`` changes nothing. Two explicit seams:
 
 - :func:`install` wires one app: the ``send_task`` wrapper that routes
   delayed sends through the store while ``delayed_intercept_eta`` is on
-  (:mod:`celery_delayed.worker.intercept`), and the embedded scheduler's
-  worker bootstep (enabled by ``celery worker --delayed``). A producer
-  process that wants interception calls it once after creating the app.
+  (:mod:`celery_delayed.worker.intercept`), ``app.control.revoke`` that also
+  cancels a stored job (:func:`celery_delayed.cancellation.install_revoke`),
+  and the embedded scheduler's worker bootstep (enabled by ``celery worker
+  --delayed``). Once per process it also connects the worker side that every
+  task needs: ``request.eta`` of a released job (:mod:`.worker.eta`), and the
+  ``inspect scheduled`` and ``revoke`` remote-control commands that know the
+  store (:mod:`.worker.control`). A producer process that wants interception
+  calls it once after creating the app.
 - :func:`register_with_celery` runs when the ``celery`` command loads the
   ``delayed`` sub-command (the ``celery.commands`` entry point,
   ``celery_delayed.cli``): it adds ``--delayed`` to ``celery worker``,
@@ -23,7 +28,8 @@ from __future__ import annotations
 from celery import Celery, signals
 from celery._state import connect_on_app_finalize
 
-from .worker import bootstep, intercept, kombu_fixes, tracking
+from .cancellation import install_revoke
+from .worker import bootstep, control, eta, intercept, kombu_fixes, tracking
 
 _ATTR = "_celery_delayed_installed"
 _registered = False
@@ -40,7 +46,10 @@ def install(app: Celery) -> Celery:
     """
     if not app.__dict__.get(_ATTR):
         intercept.install(app)
+        install_revoke(app)
         bootstep.add_step(app)
+        eta.connect()
+        control.install()
         app.__dict__[_ATTR] = True
     return app
 

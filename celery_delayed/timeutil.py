@@ -70,6 +70,21 @@ def _delay(seconds: float, shown: str) -> str:
     return f"+{math.ceil(seconds * 1000)}"
 
 
+def eta_iso(when: object, tz: tzinfo) -> str:
+    """The ``eta`` of ``when`` as Celery writes it in a message (ISO 8601), for a ``when`` that
+    :func:`due_spec` accepted: a datetime as given (a naive one read in ``tz``); a delay added
+    to this host's clock, in ``tz`` (as ``apply_async(countdown=)`` does).
+
+    The due time itself is the store's (the Redis server's clock); this is what the task sees
+    as ``request.eta``.
+    """
+    if isinstance(when, datetime):
+        aware = when if when.tzinfo is not None and when.utcoffset() is not None else localize(when, tz)
+        return aware.isoformat()
+    seconds = when.total_seconds() if isinstance(when, timedelta) else float(when)  # type: ignore[arg-type]
+    return (datetime.now(tz) + timedelta(seconds=seconds)).isoformat()
+
+
 def localize(naive: datetime, tz: tzinfo) -> datetime:
     """A naive datetime read in ``tz`` (pytz zones through their ``localize``)."""
     pytz_localize = getattr(tz, "localize", None)  # pytz-style zones

@@ -133,11 +133,21 @@ DELAY_HEADER = "delayed_backoff_ms"
 #: The message header that names the job's generation (absent = 0): an idempotency key
 #: used again after a cancel schedules the next generation under the same job id.
 GENERATION_HEADER = "delayed_gen"
+#: The message header that carries the job's due time as Celery writes an ``eta`` (ISO 8601), or null.
+#: The stored message has no ``eta`` (a worker would hold it until then, by its own clock); the worker
+#: side copies this header into ``request.eta`` before the body runs (see ``worker/eta.py``).
+ETA_HEADER = "delayed_eta"
 
 
-def job_headers(shard: int | str, prefix: str) -> dict[str, Any]:
-    """The headers that let the worker side find a job's record: its shard and its store's key prefix."""
-    return {SHARD_HEADER: shard, STORE_HEADER: prefix}
+#: Fields of a shard's stats hash (``{p}:{s}:stats``): delayed sends interception sent to the
+#: broker as ETA messages (a count), and the last one ("<epoch ms>|<task name>|<reason>").
+ETA_FALLBACKS = "eta_fallbacks"
+ETA_FALLBACK_LAST = "eta_fallback_last"
+
+
+def job_headers(shard: int | str, prefix: str, eta: str | None = None) -> dict[str, Any]:
+    """The headers of a stored job's message: its shard and store (to find its record), and its eta."""
+    return {SHARD_HEADER: shard, STORE_HEADER: prefix, ETA_HEADER: eta}
 
 
 def request_header(request: Any, name: str) -> Any:

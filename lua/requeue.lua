@@ -16,7 +16,8 @@ ARGV[8..] job ids
 
 Each DEAD job gets st=SCHEDULED, the due time, retries=0 (its stored message
 was built with retries 0), and leaves the dead-letter set; its failure
-history is cleared and `requeued` counts the requeues.
+history is cleared and `requeued` counts the requeues; its message's
+delayed_eta header (the task's request.eta) gets the new due time.
 
 Returns {due ms, then per id, in order: code, state}:
   OK           requeued
@@ -27,6 +28,7 @@ Returns {due ms, then per id, in order: code, state}:
 -- @include "common"
 -- @include "due_index"
 -- @include "changes"
+-- @include "eta"
 
 local now = now_ms(ARGV[1])
 local prefix, bucket_ms = ARGV[2], tonumber(ARGV[4])
@@ -46,6 +48,7 @@ for i = 8, #ARGV do
   elseif redis.call('HEXISTS', jk, 'msg') == 0 then
     code = NO_MESSAGE
   else
+    redis.call('HSET', jk, 'msg', with_eta(redis.call('HGET', jk, 'msg'), due))
     redis.call('ZREM', KEYS[4], id)
     redis.call('HDEL', jk, 'died', 'first_at', 'last_at', 'etype', 'emsg', 'tb', 'host', 'attempts',
       'delay', 'released', 'finished', 'reason', 'att', 'started', 'wk')

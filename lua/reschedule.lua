@@ -13,6 +13,8 @@ ARGV[5]  wake channel      {p}:wake
 ARGV[6]  shard number
 ARGV[7]  '1' to append to the change log (a database mirrors the store), '' not
 
+The message's delayed_eta header (what the task sees as request.eta) gets the new due time.
+
 Returns {code, state, due}:
   OK           moved; due = the new due time, epoch ms
   NOT_FOUND    no such job
@@ -21,6 +23,7 @@ Returns {code, state, due}:
 -- @include "common"
 -- @include "due_index"
 -- @include "changes"
+-- @include "eta"
 
 local jk, id = KEYS[4], ARGV[2]
 local st, due = unpack(redis.call('HMGET', jk, 'st', 'due'))
@@ -31,6 +34,8 @@ local new_due = due_from(ARGV[3], now_ms(ARGV[1]))
 due_rem(KEYS[1], KEYS[2], id, tonumber(due), bucket_ms)
 due_add(KEYS[1], KEYS[2], id, new_due, bucket_ms)
 redis.call('HSET', jk, 'due', new_due)
+local msg = redis.call('HGET', jk, 'msg')
+if msg then redis.call('HSET', jk, 'msg', with_eta(msg, new_due)) end
 maybe_wake(KEYS[3], ARGV[5], ARGV[6], new_due)
 log_change(KEYS[5], ARGV[7], 'SCHEDULED', {id})
 return {OK, st, new_due}

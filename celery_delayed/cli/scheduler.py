@@ -59,13 +59,16 @@ def status(ctx: click.Context, as_json: bool) -> None:
     """Per shard: pending jobs, next due time, oldest overdue; and totals."""
     with errors():
         store = get_store(app_of(ctx))
-        rows = ShardStatus(store).rows()
+        status = ShardStatus(store)
+        rows = status.rows()
+        fallbacks = status.eta_fallbacks()
         # Live members only: a dead scheduler's entry stays until a heartbeat drops it.
         members = store.live_members()
         warnings = ServerHealth(store).warnings()
         mirror = _mirror_lag(store) if store.config.database_url else None
     if as_json:
-        click.echo(json.dumps({"shards": rows, "schedulers": members, "warnings": warnings, "mirror": mirror}))
+        click.echo(json.dumps({"shards": rows, "schedulers": members, "warnings": warnings, "mirror": mirror,
+                               "eta_fallbacks": fallbacks.as_dict()}))
         return
     click.echo(f"{'shard':>5} {'pending':>9} {'overdue':>8} {'inflight':>8}  next due / oldest overdue")
     for r in rows:
@@ -81,6 +84,10 @@ def status(ctx: click.Context, as_json: bool) -> None:
         lag = mirror["lag_s"]
         click.echo(f"database mirror: {mirror['pending_changes']} change(s) not yet applied"
                    + (f", the oldest {lag:.1f}s old" if lag is not None else ""))
+    if fallbacks.count:  # interception could not store these: each is a broker ETA message
+        click.echo(f"eta fallbacks: {fallbacks.count} delayed send(s) went to the broker as ETA messages, "
+                   f"not the store; last at {fmt_ms(fallbacks.last_ms)}: {fallbacks.last_task}: "
+                   f"{fallbacks.last_reason}")
     for w in warnings:
         click.echo(f"WARNING: {w}")
 

@@ -16,8 +16,8 @@ from celery import Celery
 
 from ..errors import DuplicateJob, InvalidOption, UnknownTask
 from ..store import NewJob, Store, get_store, shard_for
-from ..timeutil import due_spec
-from ..vocab import GENERATION_HEADER, Field, job_headers
+from ..timeutil import due_spec, eta_iso
+from ..vocab import ETA_HEADER, GENERATION_HEADER, SHARD_HEADER, STORE_HEADER, Field, job_headers
 from .message import build_message, check_options, parent_ids, route_fields
 from .misfire import check_expiry, release_fields
 from .template import Template, fast_uuid4, template_for
@@ -26,6 +26,10 @@ from .template import Template, fast_uuid4, template_for
 IDEMPOTENCY_NAMESPACE = uuid.UUID("5b0e7a4c-2f47-4f3e-9d0a-6c3e1f0d9a11")
 MAX_ID_BYTES = 512
 MAX_KEY_BYTES = 1024
+#: ``prepare(eta=FROM_WHEN)``: the message's ``delayed_eta`` header is ``when`` as Celery writes an eta.
+FROM_WHEN: Any = object()
+#: Headers celery-delayed writes itself into a stored job's message (a caller's copy is dropped).
+_OWN_HEADERS = frozenset({SHARD_HEADER, STORE_HEADER, ETA_HEADER, GENERATION_HEADER})
 
 
 @dataclass(frozen=True)
@@ -129,11 +133,17 @@ def prepare(
     task_type: Any = None,
     options: Mapping[str, Any] | None = None,
     generation: int = 0,
+    eta: str | None = FROM_WHEN,
+    properties: Mapping[str, Any] | None = None,
 ) -> Prepared:
     """Validate a call and build its job; write nothing.
 
     ``generation`` > 0 (an idempotency key's job scheduled again after a
     cancel) goes into the record and the message's ``delayed_gen`` header.
+    ``eta`` is the message's ``delayed_eta`` header, what the task sees as
+    ``request.eta`` (default: ``when``, see :func:`~celery_delayed.timeutil.eta_iso`).
+    ``properties``: more message properties (interception: the options Celery
+    would hand to kombu's ``publish``).
 
     Raises:
         InvalidWhen, InvalidOption, SerializationError, PayloadTooLarge: bad input.
@@ -143,13 +153,15 @@ def prepare(
         def regenerate(generation: int) -> Prepared:
             return prepare(app, name, args, kwargs, when, task_id=task_id, shard_key=shard_key,
                            idempotency_key=idempotency_key, task_type=task_type, options=options,
-                           generation=generation)
+                           generation=generation, eta=eta, properties=properties)
     store = get_store(app)
     options = dict(options or {})
     release = release_fields(options, task_type, store.config)  # pops max_lateness / misfire
     check_options(options)
     _check_arguments(name, task_type, args, kwargs)
     due = due_spec(when, app.timezone)
+    if eta is FROM_WHEN:
+        eta = eta_iso(when, app.timezone)
     check_expiry(options.get("expires"), due)
     job_id = _job_id(task_id, idempotency_key)
     skey = _shard_key(shard_key)
@@ -157,19 +169,21 @@ def prepare(
     headers = options.pop("headers", None) or {}
     if not isinstance(headers, Mapping):
         raise InvalidOption(f"headers must be a mapping, got {type(headers).__name__}")
+    if not _OWN_HEADERS.isdisjoint(headers):  # e.g. a retry's copy of the request's headers
+        headers = {k: v for k, v in headers.items() if k not in _OWN_HEADERS}
     per_job = {Field.SHARD_KEY: skey or "", Field.IDEMPOTENCY_KEY: idempotency_key or ""}
     if generation:
         headers = {**headers, GENERATION_HEADER: generation}
         per_job[Field.GENERATION] = str(generation)
-    fast = _render_fast(app, store, name, args or (), kwargs or {}, job_id, shard, options, headers, task_type,
-                        release)
+    fast = None if properties else _render_fast(
+        app, store, name, args or (), kwargs or {}, job_id, shard, options, headers, task_type, release, eta)
     if fast is not None:
         common, fields = fast
         return Prepared(NewJob(job_id, shard, due, fields | per_job, common), regenerate is not None, regenerate)
     built = build_message(
         app, name, args or (), kwargs or {}, job_id,
-        options | {"headers": {**headers, **job_headers(shard, store.config.key_prefix)}},
-        task_type, max_bytes=store.config.max_payload_bytes,
+        options | {"headers": {**headers, **job_headers(shard, store.config.key_prefix, eta)}},
+        task_type, max_bytes=store.config.max_payload_bytes, properties=properties,
     )
     fields = {Field.TASK: name, **built.record_fields(store.broker), **per_job, **release}
     return Prepared(NewJob(job_id, shard, due, fields), regenerate is not None, regenerate)
@@ -178,6 +192,7 @@ def prepare(
 def _render_fast(
     app: Celery, store: Store, name: str, args: Sequence[Any], kwargs: Mapping[str, Any], job_id: str,
     shard: int, options: dict[str, Any], headers: Mapping[str, Any], task_type: Any, release: Mapping[str, str],
+    eta: str | None,
 ) -> tuple[dict[str, str], dict[str, str]] | None:
     """(shared, all) record fields of a job whose message a cached template renders, else None.
 
@@ -192,7 +207,7 @@ def _render_fast(
     if tmpl is None:
         return None
     root_id, parent_id = parent_ids(app, options.get("root_id"), options.get("parent_id"))
-    text = tmpl.render(job_id, shard, args, kwargs, root_id, parent_id)
+    text = tmpl.render(job_id, shard, args, kwargs, root_id, parent_id, eta=eta)
     if text is None or len(text) > max_bytes:
         return None  # the regular path builds it (and raises what it raises)
     common = shared_fields(store, name, tmpl, release)
@@ -264,7 +279,8 @@ class PlainCalls:
             check_expiry(self.expires, due)
         job_id = fast_uuid4()
         shard = shard_for(job_id, self.n_shards)
-        text = self.tmpl.render(job_id, shard, args or (), kwargs or {}, self.root_id, self.parent_id)
+        text = self.tmpl.render(job_id, shard, args or (), kwargs or {}, self.root_id, self.parent_id,
+                                eta=eta_iso(when, self.tz))
         if text is None or len(text) > self.store.config.max_payload_bytes:
             return None
         fields = dict(self.common)

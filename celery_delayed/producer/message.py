@@ -35,13 +35,15 @@ from ..errors import InvalidOption, PayloadTooLarge, SerializationError
 from ..store.broker_layout import BrokerLayout, Route
 from ..vocab import Field
 
-#: Options ``apply_later`` accepts besides ``args``, ``kwargs`` and ``when``.
+#: Options ``apply_later`` accepts besides ``args``, ``kwargs`` and ``when`` (and, with
+#: ``stamped_headers``, one option per stamp it names, as Celery's stamping passes them).
 MESSAGE_OPTIONS = frozenset(
     {
         "queue", "routing_key", "exchange", "exchange_type", "priority", "expires",
         "headers", "serializer", "compression", "delivery_mode", "time_limit",
         "soft_time_limit", "ignore_result", "link", "link_error", "reply_to",
         "root_id", "parent_id", "shadow", "group_id", "group_index", "chord", "chain",
+        "stamped_headers", "origin", "replaced_task_nesting",
     }
 )
 #: Task attributes that are defaults for the options above (as ``apply_async``,
@@ -94,9 +96,35 @@ def task_defaults(task: Any) -> dict[str, Any]:
     return out
 
 
+def stamp_names(options: Mapping[str, Any]) -> list[str]:
+    """The stamps a call carries: the names its ``stamped_headers`` option lists (Celery's stamping).
+
+    Celery passes each stamp as an option of its own (``stamp=42``) and lists
+    the names in ``stamped_headers``; the message gets them as its ``stamps``
+    and ``stamped_headers`` headers.
+
+    Raises:
+        InvalidOption: ``stamped_headers`` is not a list of names.
+    """
+    names = options.get("stamped_headers")
+    if not names:
+        return []
+    if isinstance(names, str) or not isinstance(names, (list, tuple)) \
+            or not all(isinstance(n, str) and n for n in names):
+        raise InvalidOption(f"stamped_headers must be a list of option names, got {names!r}")
+    return list(names)
+
+
+def split_options(options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the options a stored message keeps: MESSAGE_OPTIONS and stamps; every other option)."""
+    keep = MESSAGE_OPTIONS.union(stamp_names(options))
+    kept = {k: v for k, v in options.items() if k in keep}
+    return kept, {k: v for k, v in options.items() if k not in keep}
+
+
 def check_options(options: Mapping[str, Any]) -> None:
     """Raise :class:`InvalidOption` for an option ``apply_later`` does not take, or a bad routing value."""
-    unknown = set(options) - MESSAGE_OPTIONS
+    unknown = set(options) - MESSAGE_OPTIONS.union(stamp_names(options))
     if not unknown:
         check_option_values(options)
         return
@@ -122,8 +150,13 @@ def build_message(
     *,
     retries: int = 0,
     max_bytes: int = 1 << 20,
+    properties: Mapping[str, Any] | None = None,
 ) -> BuiltMessage:
     """Build the message ``apply_async`` would send for this task, without an eta.
+
+    ``properties``: more message properties, as Celery passes the options it
+    does not know to kombu's ``publish`` (a call's own routing, priority and
+    delivery properties win).
 
     Raises:
         InvalidOption: a queue missing from ``task_queues`` or a bad option value.
@@ -139,18 +172,22 @@ def build_message(
     except QueueNotFound as exc:
         raise InvalidOption(f"{exc}; declare it in task_queues or enable task_create_missing_queues") from exc
     protocol["root_id"], protocol["parent_id"] = parent_ids(app, protocol["root_id"], protocol["parent_id"])
-    headers, properties, body, sent_event = _create_task_message(app, name, args, kwargs, task_id, retries, protocol)
+    headers, props, body, sent_event = _create_task_message(app, name, args, kwargs, task_id, retries, protocol)
     headers.update(extra_headers)
     route = _route(app, routed)
     accepted = prepare_accept_content(app.conf.accept_content)
     content_type, content_encoding, raw = _serialize(app, name, body, headers, routed, accepted)
-    _set_properties(app, properties, route, routed)
+    if protocol["origin"] is not None:  # send_task hands it to kombu's publish too: a property as well
+        props = {"origin": protocol["origin"], **props}
+    if properties:
+        props = {**properties, **props}
+    _set_properties(app, props, route, routed)
     envelope = {
         "body": base64.b64encode(raw).decode("ascii"),
         "content-encoding": content_encoding,
         "content-type": content_type,
         "headers": headers,
-        "properties": properties,
+        "properties": props,
     }
     try:
         text = json_dumps(envelope)
@@ -170,7 +207,8 @@ def build_message(
 #: Options that go into the protocol-2 headers rather than the routing.
 _PROTOCOL_OPTIONS = (
     "expires", "time_limit", "soft_time_limit", "ignore_result", "link", "link_error", "reply_to",
-    "root_id", "parent_id", "shadow", "chain", "chord", "group_id", "group_index",
+    "root_id", "parent_id", "shadow", "chain", "chord", "group_id", "group_index", "origin",
+    "replaced_task_nesting",
 )
 
 
@@ -184,8 +222,11 @@ def _check_containers(args: Any, kwargs: Any, headers: Any) -> None:
 
 
 def _protocol_options(opts: dict[str, Any]) -> dict[str, Any]:
-    """Pop the options that become protocol headers; check the time limits."""
+    """Pop the options that become protocol headers (stamps too); check the time limits."""
+    names = stamp_names(opts)
     protocol = {k: opts.pop(k, None) for k in _PROTOCOL_OPTIONS}
+    opts.pop("stamped_headers", None)
+    protocol["stamps"] = {n: opts.pop(n, None) for n in names}
     for opt in ("time_limit", "soft_time_limit"):
         limit = protocol[opt]
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float))
@@ -209,13 +250,16 @@ def _create_task_message(
     p: Mapping[str, Any],
 ) -> tuple[dict[str, Any], dict[str, Any], Any, dict[str, Any] | None]:
     """Celery's own protocol-2 headers, properties and body (``amqp.create_task_message``), no eta."""
+    stamps = p["stamps"]
     try:
         headers, properties, body, sent_event = app.amqp.create_task_message(
             task_id, name, args, kwargs, None, None, p["group_id"], p["group_index"],
             p["expires"], retries, p["chord"], maybe_list(p["link"]), maybe_list(p["link_error"]),
             p["reply_to"] or app.thread_oid, p["time_limit"], p["soft_time_limit"],
             app.conf.task_send_sent_event, p["root_id"], p["parent_id"], p["shadow"], p["chain"],
-            ignore_result=p["ignore_result"],
+            ignore_result=p["ignore_result"], origin=p["origin"],
+            replaced_task_nesting=p["replaced_task_nesting"] or 0,
+            **({"stamped_headers": list(stamps), **stamps} if stamps else {}),
         )
     except (TypeError, ValueError) as exc:
         raise InvalidOption(str(exc)) from exc

@@ -4,8 +4,8 @@ Building a message through Celery (router, ``create_task_message``,
 ``saferepr``, kombu serialization, the envelope JSON) costs far more than
 storing it. For one task with one set of options, almost all of the envelope
 is the same from call to call: only the task id, root and parent ids,
-``argsrepr``/``kwargsrepr``, the ``delayed_shard`` header, the
-``delivery_tag`` and the body change. A :class:`Template` is the envelope
+``argsrepr``/``kwargsrepr``, the ``delayed_shard`` and ``delayed_eta``
+headers, the ``delivery_tag`` and the body change. A :class:`Template` is the envelope
 text that ``build_message`` produced once, cut at those places; rendering
 it joins the constant parts with the per-call values, encoded exactly as
 Celery and kombu encode them.
@@ -58,8 +58,10 @@ _TOKENS = {
     "id": "@@cd-id-9f1c@@", "root": "@@cd-root-9f1c@@", "parent": "@@cd-parent-9f1c@@",
     "argsrepr": "@@cd-argsrepr-9f1c@@", "kwargsrepr": "@@cd-kwargsrepr-9f1c@@",
     "shard": "@@cd-shard-9f1c@@", "tag": "@@cd-tag-9f1c@@", "body": "@@cd-body-9f1c@@",
+    "eta": "@@cd-eta-9f1c@@",
 }
-_EXPECTED = {"id": 2, "root": 1, "parent": 1, "argsrepr": 1, "kwargsrepr": 1, "shard": 1, "tag": 1, "body": 1}
+_EXPECTED = {"id": 2, "root": 1, "parent": 1, "argsrepr": 1, "kwargsrepr": 1, "shard": 1, "tag": 1, "body": 1,
+             "eta": 1}
 _SLOT = {name: i for i, name in enumerate(_TOKENS)}
 _ENCODE = JSONEncoder().encode  # what kombu's json dumps does, without its per-call set-up
 _quote = encode_basestring_ascii  # the same for a str, without the encoder's dispatch
@@ -120,7 +122,7 @@ class Template:
 
     def render(
         self, task_id: str, shard: int, args: Sequence[Any], kwargs: Mapping[str, Any],
-        root_id: str | None, parent_id: str | None, tag: str | None = None,
+        root_id: str | None, parent_id: str | None, tag: str | None = None, eta: str | None = None,
     ) -> str | None:
         """The envelope text for one call, or None when the regular path must build it."""
         if type(args) not in (tuple, list) or type(kwargs) is not dict:
@@ -141,6 +143,7 @@ class Template:
             _quote(task_id), _quote(root_id or task_id), "null" if parent_id is None else _quote(parent_id),
             _quote(ar), _quote(kr), str(shard), _quote(tag or fast_uuid4()),
             '"' + base64.b64encode(body.encode("utf-8")).decode("ascii") + '"',
+            "null" if eta is None else _quote(eta),
         )
         parts = self.parts
         out = [parts[0]]
@@ -166,7 +169,7 @@ def _make(app: Celery, name: str, options: Mapping[str, Any], headers: Mapping[s
     if not _eligible(app):
         return None
     opts = dict(options)
-    opts["headers"] = {**headers, **job_headers(_TOKENS["shard"], get_config(app).key_prefix)}
+    opts["headers"] = {**headers, **job_headers(_TOKENS["shard"], get_config(app).key_prefix, _TOKENS["eta"])}
     opts["root_id"], opts["parent_id"] = _TOKENS["root"], _TOKENS["parent"]
     built = build_message(app, name, (), {}, _TOKENS["id"], opts, task_type, max_bytes=max_bytes)
     if built.sent_event is not None:
@@ -214,11 +217,12 @@ def _check(app: Celery, tmpl: Template, name: str, options: Mapping[str, Any],
     """Render a sample call and compare it with what ``build_message`` makes of it."""
     args, kwargs = (1, "a", None, 2.5), {"k": [1, "é"]}
     opts = dict(options)
-    opts["headers"] = {**headers, **job_headers(3, get_config(app).key_prefix)}
+    eta = "2030-01-02T03:04:05.678901+00:00"
+    opts["headers"] = {**headers, **job_headers(3, get_config(app).key_prefix, eta)}
     opts["root_id"], opts["parent_id"] = "root-sample", "parent-sample"
     ref = build_message(app, name, args, kwargs, "id-sample", opts, task_type, max_bytes=max_bytes)
     tag = json.loads(ref.body)["properties"]["delivery_tag"]
-    got = tmpl.render("id-sample", 3, args, kwargs, "root-sample", "parent-sample", tag)
+    got = tmpl.render("id-sample", 3, args, kwargs, "root-sample", "parent-sample", tag, eta)
     return got == ref.body and tmpl.route == ref.route
 
 

@@ -19,13 +19,14 @@ from .gateway import Store, WakeSubscription
 from .health import ServerHealth
 from .keys import Keys, ShardKeys, shard_for
 from .records import Batch, NewJob, Outcome, Scheduled, Started
-from .views import DeadLetter, DeadLetters, Pending, ShardStatus
+from .views import DeadLetter, DeadLetters, EtaFallbacks, Pending, ShardStatus
 
 __all__ = [
     "Batch",
     "BrokerLayout",
     "DeadLetter",
     "DeadLetters",
+    "EtaFallbacks",
     "Keys",
     "NewJob",
     "Outcome",

@@ -25,7 +25,7 @@ from redis.exceptions import NoScriptError, ResponseError
 
 from ..config import DelayedConfig, broker_url, get_config
 from ..errors import ConfigurationError, InvalidOption, InvalidState, JobNotFound, LeaseLost, raise_for
-from ..vocab import Field, JobState, Reply
+from ..vocab import ETA_FALLBACK_LAST, ETA_FALLBACKS, Field, JobState, Reply
 from .broker_layout import BrokerLayout, same_redis
 from .client import make_client, translate_errors
 from .keys import Keys, shard_for
@@ -286,6 +286,21 @@ class Store:
             if hit:
                 return s
         raise JobNotFound(job_id)
+
+    def locate_many(self, job_ids: Sequence[str]) -> dict[str, int]:
+        """The shard of each of ``job_ids`` that has a record, in one round trip (the others are left out)."""
+        n = self.config.shards
+        pipe = self.client.pipeline(transaction=False)
+        for job_id in job_ids:
+            for s in range(n):
+                pipe.exists(self.keys.shard(s).job(job_id))
+        hits = pipe.execute()
+        out: dict[str, int] = {}
+        for i, job_id in enumerate(job_ids):
+            found = next((s for s in range(n) if hits[i * n + s]), None)
+            if found is not None:
+                out[job_id] = found
+        return out
 
     def get(self, job_id: str, shard: int | None = None) -> dict[str, str]:
         """Return the job's record (without its message) or raise :class:`JobNotFound`."""
@@ -742,6 +757,20 @@ class Store:
         code, fence = self._run(self.scripts.lease, [key, f"{key}:fence"], ["", owner, ms])
         return str(fence) if int(code) == Reply.OK else None
 
+
+    # -- interception --------------------------------------------------------------------
+
+    def note_fallback(self, shard: int, task: str, reason: str, now_ms: int | None = None) -> int:
+        """Count a delayed send that went to the broker as an ETA message (``note_fallback.lua``).
+
+        Returns the shard's count; the fleet's is the sum over the shards
+        (:func:`~celery_delayed.store.views.eta_fallbacks`).
+        """
+        what = f"{task}|{' '.join(reason.split())}"[:500]
+        return int(self._run(
+            self.scripts.note_fallback, [self.keys.shard(shard).stats],
+            [_now(now_ms), ETA_FALLBACKS, ETA_FALLBACK_LAST, what],
+        ))
 
 
 class WakeSubscription:

@@ -18,6 +18,9 @@ so a script that touches one shard touches one slot::
                                               reconciler's candidates
     {prefix}:{<s>}:changes             STREAM state changes for the database mirror
                                               (only with delayed_database_url)
+    {prefix}:{<s>}:stats               HASH   the shard's counters (e.g. eta_fallbacks: delayed sends
+                                              interception sent to the broker; the sum over shards
+                                              is the fleet's figure)
 
 and, outside any shard::
 
@@ -124,6 +127,10 @@ class ShardKeys:
     @property
     def changes(self) -> str:
         return f"{self.base}:changes"
+
+    @property
+    def stats(self) -> str:
+        return f"{self.base}:stats"
 
     @property
     def job_prefix(self) -> str:

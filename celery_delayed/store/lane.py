@@ -120,7 +120,7 @@ class Lane:
         try:
             return self.conn.read_response()
         except NoScriptError:
-            self.client.script_load(script.source)
+            script.ensure_loaded(self.client)
             self._send(script, keys, args)
             return self.conn.read_response()
 

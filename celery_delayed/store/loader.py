@@ -114,6 +114,8 @@ class Scripts:
         self.dead = Script("dead", flags)
         self.requeue = Script("requeue", flags)
         self.purge_dead = Script("purge_dead", flags)
+        # interception: delayed sends that went to the broker
+        self.note_fallback = Script("note_fallback", flags)
 
     def all(self) -> list[Script]:
         """Every script, in declaration order."""

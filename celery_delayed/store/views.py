@@ -3,7 +3,8 @@
 - :class:`Pending`: scheduled jobs, in due order.
 - :class:`DeadLetters`: the dead-letter queue, most recent death first; show,
   requeue and purge.
-- :func:`shard_status`: per shard, pending, overdue and in-flight counts.
+- :class:`ShardStatus`: per shard, pending, overdue and in-flight counts; the
+  delayed sends that interception sent to the broker (``eta_fallbacks``).
 
 They read through the store's client and change the store only through the
 gateway's scripts.
@@ -12,12 +13,12 @@ gateway's scripts.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidOption, InvalidState, raise_for
-from ..vocab import Field, JobState, Reply
+from ..vocab import ETA_FALLBACK_LAST, ETA_FALLBACKS, Field, JobState, Reply
 from .client import translate_errors
 from .gateway import Store
 
@@ -72,6 +73,44 @@ class ShardStatus:
             })
         return out
 
+    def eta_fallbacks(self) -> EtaFallbacks:
+        """The fleet's count of broker ETA fallbacks (every shard's, summed) and the latest one.
+
+        One round trip. ``delayed status`` shows it; a metrics exporter reads
+        ``count`` as a counter (it only grows).
+        """
+        return _eta_fallbacks(self.store)
+
+
+@dataclass(frozen=True)
+class EtaFallbacks:
+    """Delayed sends that interception sent to the broker as ETA messages instead of the store."""
+
+    count: int
+    last_ms: int | None = None  # when the last one was sent (Redis clock), epoch ms
+    last_task: str = ""
+    last_reason: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        """The figures as a JSON-ready dict."""
+        return {"count": self.count, "last_ms": self.last_ms, "last_task": self.last_task,
+                "last_reason": self.last_reason}
+
+
+def _eta_fallbacks(store: Store) -> EtaFallbacks:
+    pipe = store.client.pipeline(transaction=False)
+    for s in range(store.config.shards):
+        pipe.hmget(store.keys.shard(s).stats, ETA_FALLBACKS, ETA_FALLBACK_LAST)
+    total, last = 0, ""
+    for count, latest in pipe.execute():
+        total += int(count or 0)
+        if latest and (not last or int(latest.split("|", 1)[0]) > int(last.split("|", 1)[0])):
+            last = latest
+    if not last:
+        return EtaFallbacks(total)
+    at, task, reason = [*last.split("|", 2), "", ""][:3]
+    return EtaFallbacks(total, int(at), task, reason)
+
 
 @translate_errors
 class Pending:
@@ -104,6 +143,46 @@ class Pending:
         if batch:
             self._rows(batch, task, offset, skipped, limit, out)
         return out
+
+    def messages(self, queues: Collection[str], limit: int = 100, max_scan: int = 1000) -> list[tuple[int, str]]:
+        """The stored messages of scheduled jobs bound for ``queues``, earliest due first: (due ms, message).
+
+        Bounded: at most ``limit`` jobs, found among the ``max_scan`` earliest
+        scheduled jobs of the store (two round trips per 200 looked at, plus
+        one per shard and due set to start the merge).
+        """
+        _check_page(0, limit)
+        store = self.store
+        wanted = set(queues)
+        streams = [self._shard_stream(s, k) for s in range(store.config.shards) for k in _due_keys(store, s)]
+        out: list[tuple[int, str]] = []
+        batch: list[tuple[int, int, str]] = []
+        for n, entry in enumerate(heapq.merge(*streams), 1):
+            batch.append(entry)
+            last = n >= max_scan
+            if len(batch) >= 200 or last:
+                self._messages(batch, wanted, limit, out)
+                batch = []
+            if last or len(out) >= limit:
+                return out
+        if batch:
+            self._messages(batch, wanted, limit, out)
+        return out
+
+    def _messages(self, batch: list[tuple[int, int, str]], queues: set[str], limit: int,
+                  out: list[tuple[int, str]]) -> None:
+        keys = self.store.keys
+        pipe = self.store.client.pipeline(transaction=False)
+        for _, s, jid in batch:
+            pipe.hmget(keys.shard(s).job(jid), Field.QUEUE, Field.STATE)
+        hits = [(due, s, jid) for (due, s, jid), (q, st) in zip(batch, pipe.execute(), strict=True)
+                if q in queues and st == JobState.SCHEDULED][: limit - len(out)]
+        if not hits:
+            return
+        pipe = self.store.client.pipeline(transaction=False)
+        for _, s, jid in hits:
+            pipe.hget(keys.shard(s).job(jid), Field.MESSAGE)
+        out.extend((due, msg) for (due, _, _), msg in zip(hits, pipe.execute(), strict=True) if msg)
 
     def _rows(self, batch: list[tuple[int, int, str]], task: str | None, offset: int, skipped: int, limit: int,
               out: list[dict[str, Any]]) -> int:

@@ -46,9 +46,9 @@ from celery.utils.saferepr import saferepr
 
 from ..config import DelayedConfig, resolve
 from ..errors import ConfigurationError
-from ..producer.message import MESSAGE_OPTIONS, build_message
+from ..producer.message import build_message, split_options
 from ..store import Outcome, Store
-from ..timeutil import due_spec
+from ..timeutil import due_spec, eta_iso
 from ..vocab import DELAY_HEADER, Field, job_headers
 from .backoff import Backoff, rng_for
 
@@ -158,16 +158,23 @@ class Failures:
         self.store = store
 
     def attempt_fields(self, attempt: Attempt, retries: int, extra_headers: Mapping[str, Any] | None = None,
+                       eta: str | None = None, properties: Mapping[str, Any] | None = None,
                        **overrides: Any) -> dict[str, str]:
-        """Build the message of an attempt of the job and return its record fields."""
-        opts = {k: v for k, v in {**attempt.options, **overrides}.items() if k in MESSAGE_OPTIONS and v is not None}
+        """Build the message of an attempt of the job and return its record fields.
+
+        ``eta``: the attempt's due time as Celery writes an eta (the task's
+        ``request.eta``); ``properties``: more message properties (see
+        :func:`~celery_delayed.producer.message.build_message`).
+        """
+        kept, _ = split_options({**attempt.options, **overrides})  # stamps included
+        opts = {k: v for k, v in kept.items() if v is not None}
         headers = {k: v for k, v in dict(opts.pop("headers", None) or {}).items() if k not in PROTOCOL_HEADERS}
         headers.update(extra_headers or {})
-        headers.update(job_headers(attempt.shard, self.store.config.key_prefix))
+        headers.update(job_headers(attempt.shard, self.store.config.key_prefix, eta))
         built = build_message(
             self.app, attempt.task_name, attempt.args, attempt.kwargs, attempt.job_id,
             opts | {"headers": headers}, attempt.task_type, retries=retries,
-            max_bytes=self.store.config.max_payload_bytes,
+            max_bytes=self.store.config.max_payload_bytes, properties=properties,
         )
         return {Field.TASK: attempt.task_name, **built.record_fields(self.store.broker)}
 
@@ -182,15 +189,18 @@ class Failures:
         (cancelled, finished, or running elsewhere: nothing changed).
         """
         delay_ms: int | None = None
+        tz = self.app.timezone
         if eta is not None:
-            due = due_spec(eta, self.app.timezone)
+            due = due_spec(eta, tz)
+            when = eta
         else:
             if countdown is None:
                 countdown = policy.delay_s(attempt.job_id, attempt.number, attempt.prev_delay_ms)
-            due = due_spec(countdown, self.app.timezone)
+            due = due_spec(countdown, tz)
             delay_ms = int(due[1:])
+            when = countdown
         extra = {DELAY_HEADER: delay_ms} if delay_ms is not None else {}
-        fields = self.attempt_fields(attempt, attempt.number, extra)
+        fields = self.attempt_fields(attempt, attempt.number, extra, eta_iso(when, tz))
         if exc is not None:
             fields.update(exception_fields(exc))
             fields.pop(Field.TRACEBACK)  # the traceback is kept for the dead letter only

@@ -83,7 +83,7 @@ def test_plain_apply_async_and_retry_are_stored_not_sent(redis_url, uid, workers
     assert store.get(r.id)["retries"] == "1"
 
 
-def test_publish_options_dropped_unknown_options_left_to_celery(redis_url, uid, rclient, caplog):
+def test_publish_options_dropped_unknown_options_kept_as_properties(redis_url, uid, rclient, caplog):
     app = celery_delayed.install(make_app(redis_url, uid, delayed_intercept_eta=True))
     mark = _stub(app, "rt.plain_mark")
     store = get_store(app)
@@ -94,12 +94,20 @@ def test_publish_options_dropped_unknown_options_left_to_celery(redis_url, uid, 
     env = json.loads(rclient.hget(store.keys.shard(h.shard).job(h.id), "msg"))
     assert env["headers"]["tenant"] == "acme" and env["properties"]["priority"] == 5
     assert env["headers"]["eta"] is None and env["headers"]["id"] == h.id
-    # an option the store cannot keep: Celery's ETA message, as before, and a warning says why
+    # an option Celery does not know: a message property, as kombu's publish makes it (stored, no warning)
     with caplog.at_level("WARNING", logger="celery_delayed.intercept"):
-        other = mark.apply_async(args=(2,), countdown=60, some_stamp="x")
-    assert not isinstance(other, DelayedResult)
-    assert "some_stamp" in caplog.text
-    assert rclient.llen(app.conf.task_default_queue) == 1
+        other = mark.apply_async(args=(2,), countdown=60, some_option="x")
+    assert isinstance(other, DelayedResult) and not caplog.text
+    env = json.loads(rclient.hget(store.keys.shard(other.shard).job(other.id), "msg"))
+    assert env["properties"]["some_option"] == "x"
+    # a message the store refuses (a priority over 255; kombu's Redis transport takes it as 9): Celery's
+    # ETA message, as before, and a warning says why
+    with caplog.at_level("WARNING", logger="celery_delayed.intercept"):
+        sent = mark.apply_async(args=(2,), countdown=60, priority=300)
+    assert not isinstance(sent, DelayedResult)
+    assert "sent to the broker as an ETA message" in caplog.text and "InvalidOption" in caplog.text
+    [plist] = rclient.keys(app.conf.task_default_queue + "*")  # kombu's priority list 9
+    assert rclient.llen(plist) == 1 and json.loads(rclient.lindex(plist, 0))["headers"]["eta"] is not None
     # a task id still pending in the store is refused, not sent twice
     with pytest.raises(DuplicateJob):
         mark.apply_async(args=(3,), countdown=60, task_id=h.id)

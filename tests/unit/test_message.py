@@ -129,6 +129,28 @@ def test_custom_headers_and_options(redis_url: str, uid: str, client: redis.Redi
     assert_same_envelope(theirs, mine)
 
 
+def test_stamps_and_celerys_other_options(redis_url: str, uid: str, client: redis.Redis) -> None:
+    """Stamps become the stamps headers; origin and replaced_task_nesting their headers; unknown options
+    (what Celery hands to kombu's publish) message properties: as send_task makes them."""
+    app = _app(redis_url, uid)
+    tid = str(uuid.uuid4())
+    send = {"stamped_headers": ["stamp", "tenant"], "stamp": 42, "tenant": {"id": "acme"},
+            "origin": "gen1@host", "replaced_task_nesting": 2}
+    _, theirs = kombu_publish(app, client, args=(1,), task_id=tid, x_trace="t-1", **send)
+    _, mine = ours(app, tid, (1,), None, **send)
+    assert mine["headers"]["stamps"] == {"stamp": 42, "tenant": {"id": "acme"}}
+    assert mine["headers"]["stamped_headers"] == ["stamp", "tenant"]
+    assert mine["headers"]["origin"] == theirs["headers"]["origin"] == "gen1@host"
+    assert mine["headers"]["replaced_task_nesting"] == 2
+    assert "x_trace" not in mine["properties"]  # apply_later takes no unknown option ...
+    mine = json.loads(build_message(app, NAME, (1,), {}, tid, send, app.tasks[NAME],
+                                    properties={"x_trace": "t-1"}).body)
+    assert mine["properties"]["x_trace"] == theirs["properties"]["x_trace"] == "t-1"  # ... interception does
+    assert_same_envelope(theirs, mine)
+    with pytest.raises(InvalidOption, match="stamped_headers"):
+        build_message(app, NAME, (), {}, tid, {"stamped_headers": "stamp", "stamp": 1}, app.tasks[NAME])
+
+
 @pytest.mark.parametrize("accept", [["json", "pickle"], ["pickle"]])
 def test_pickle_serializer(redis_url: str, uid: str, client: redis.Redis, accept: list[str]) -> None:
     app = _app(redis_url, uid, task_serializer="pickle", accept_content=accept)
@@ -363,6 +385,9 @@ def test_apply_later_message_equals_apply_async(redis_url: str, uid: str, client
     mine = json.loads(p.job.fields["msg"])
     assert mine["headers"].pop("delayed_shard") == p.job.shard
     assert mine["headers"].pop("delayed_store") == app.conf.delayed_key_prefix
+    # the due time, as Celery writes an eta: what the task sees as request.eta (no eta: not held)
+    eta = datetime.fromisoformat(mine["headers"].pop("delayed_eta"))
+    assert abs((eta - datetime.now(timezone.utc)).total_seconds() - 5) < 2 and eta.utcoffset() == timedelta(0)
     assert_same_envelope(json.loads(raw), mine)
 
 
@@ -403,6 +428,7 @@ def test_repeated_calls_match_apply_async(redis_url: str, uid: str, client: redi
             mine = json.loads(p.job.fields["msg"])
             assert mine["headers"].pop("delayed_shard") == p.job.shard
             assert mine["headers"].pop("delayed_store") == app.conf.delayed_key_prefix
+            assert datetime.fromisoformat(mine["headers"].pop("delayed_eta")) > datetime.now(timezone.utc)
             assert mine["properties"]["delivery_tag"] != json.loads(raw)["properties"]["delivery_tag"]
             theirs = json.loads(raw)
             assert mine["body"] == theirs["body"] or json.loads(_body(mine)) == json.loads(_body(theirs))

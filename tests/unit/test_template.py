@@ -38,12 +38,13 @@ def _same(app: Celery, args: Any, kwargs: Any, options: dict[str, Any], headers:
     headers = headers or {}
     tmpl = template_for(app, NAME, options, headers, app.tasks[NAME], 1 << 20)
     assert tmpl is not None
-    opts = dict(options, headers={**headers, **job_headers(7, app.conf.delayed_key_prefix)}, root_id=root,
-                parent_id=parent)
-    ref = build_message(app, NAME, args, kwargs, "the-id", opts, app.tasks[NAME])
-    tag = json.loads(ref.body)["properties"]["delivery_tag"]
-    rendered = tmpl.render("the-id", 7, args, kwargs, root, parent, tag)
-    assert rendered == ref.body
+    for eta in (None, "2031-02-03T04:05:06.000007+00:00"):
+        opts = dict(options, headers={**headers, **job_headers(7, app.conf.delayed_key_prefix, eta)}, root_id=root,
+                    parent_id=parent)
+        ref = build_message(app, NAME, args, kwargs, "the-id", opts, app.tasks[NAME])
+        tag = json.loads(ref.body)["properties"]["delivery_tag"]
+        rendered = tmpl.render("the-id", 7, args, kwargs, root, parent, tag, eta)
+        assert rendered == ref.body
     validate_envelope(rendered)  # a worker can read it
     assert tmpl.route == ref.route
 
@@ -98,14 +99,16 @@ def test_no_template_where_the_message_depends_on_more(redis_url: str, uid: str)
 
 def test_prepare_uses_the_template_and_stores_the_same_fields(redis_url: str, uid: str) -> None:
     app = _app(redis_url, uid)
-    fast = prepare(app, NAME, (1,), {"a": "b"}, 60, task_type=app.tasks[NAME], task_id="fixed-id").job
+    eta = "2030-01-01T00:00:00.000001+00:00"
+    fast = prepare(app, NAME, (1,), {"a": "b"}, 60, task_type=app.tasks[NAME], task_id="fixed-id", eta=eta).job
     assert fast.common is not None  # took the fast path
     env = json.loads(fast.fields["msg"])
     assert env["headers"]["id"] == env["properties"]["correlation_id"] == env["headers"]["root_id"] == "fixed-id"
     assert env["headers"]["delayed_shard"] == fast.shard
+    assert env["headers"]["delayed_eta"] == eta
     assert fast.fields["lk"] == app.conf.task_default_queue
     slow = prepare(app, NAME, (1,), {"a": "b"}, 60, task_type=app.tasks[NAME], task_id="fixed-id",
-                   options={"link_error": None, "chain": None}).job
+                   options={"link_error": None, "chain": None}, eta=eta).job
     for k in ("task", "q", "ex", "rk", "lk"):
         assert fast.fields.get(k) == slow.fields.get(k)
     a, b = json.loads(fast.fields["msg"]), json.loads(slow.fields["msg"])
