@@ -82,6 +82,8 @@ def test_only_the_store_layer_runs_scripts_or_touches_redis():
     for name, path in _modules().items():
         if name.startswith(("celery_delayed.store", "celery_delayed.testing")):
             continue
+        if name == "celery_delayed.worker.kombu_fixes":  # raises redis-py's error inside kombu's broker transport
+            continue
         text = path.read_text()
         for needle in ("import redis", "from redis", ".client.", "evalsha", "._run(", ".scripts."):
             assert needle not in text, (name, needle)
