@@ -11,17 +11,19 @@ already, or cancelled) is not counted. An ack that comes after the claim
 expired still counts, even when another scheduler claimed the job again: the
 caller did publish it, and that other scheduler's ack then counts nothing
 (at-least-once: the job may be published twice). A job cancelled while in
-flight keeps its CANCELLED state.
+flight keeps its CANCELLED state. Each job that becomes QUEUED counts as
+released in the shard's stats (includes/ops.lua).
 
 Runs when Redis is at maxmemory (@flags below): it frees memory or holds it
 steady, so a full store keeps draining.
 ]]
 -- @flags allow-oom
 -- @include "common"
+-- @include "ops"
 
 local now = now_ms(ARGV[1])
 local prefix, ttl = ARGV[2], tonumber(ARGV[3])
-local n = 0
+local n, queued = 0, 0
 for i = 4, #ARGV do
   local id = ARGV[i]
   if redis.call('ZREM', KEYS[1], id) == 1 then
@@ -33,8 +35,10 @@ for i = 4, #ARGV do
       redis.call('HSET', jk, 'st', 'QUEUED', 'released', now)
       redis.call('HDEL', jk, 'msg')
       redis.call('PEXPIRE', jk, ttl)
+      queued = queued + 1
     end
     n = n + 1
   end
 end
+stats_add(shard_base(KEYS[1]), 'released', queued, 'queued', queued)
 return n

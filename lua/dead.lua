@@ -28,6 +28,7 @@ Returns {code, previous state, dropped}:
 -- @include "common"
 -- @include "attempts"
 -- @include "dlq"
+-- @include "ops"
 
 local jk, id = KEYS[1], ARGV[2]
 local st = redis.call('HGET', jk, 'st')
@@ -41,5 +42,6 @@ redis.call('HDEL', jk, 'released', 'reason')
 redis.call('PERSIST', jk)  -- bounded by the trim below, not by a ttl
 redis.call('ZREM', KEYS[3], id)
 redis.call('ZADD', KEYS[2], now, id)
+stats_add(shard_base(jk), 'dead', 1, 'queued', st == 'QUEUED' and -1 or 0, 'running', st == 'RUNNING' and -1 or 0)
 local dropped = dlq_trim(KEYS[2], ARGV[3], now - tonumber(ARGV[4]), tonumber(ARGV[5]), 1000)
 return {OK, st or '', dropped}

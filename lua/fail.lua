@@ -18,6 +18,7 @@ Returns {code, previous state}:
 ]]
 -- @include "common"
 -- @include "attempts"
+-- @include "ops"
 
 local jk = KEYS[2]
 local st = redis.call('HGET', jk, 'st')
@@ -30,4 +31,5 @@ close_attempt(jk, 'FAILED', 'finished', started, now)
 redis.call('HDEL', jk, 'msg')
 redis.call('ZREM', KEYS[1], ARGV[2])
 redis.call('PEXPIRE', jk, tonumber(ARGV[3]))
+stats_add(shard_base(jk), 'failed', 1, 'queued', st == 'QUEUED' and -1 or 0, 'running', st == 'RUNNING' and -1 or 0)
 return {OK, st or ''}

@@ -112,6 +112,10 @@ class Scripts:
         self.dead = Script("dead", flags)
         self.requeue = Script("requeue", flags)
         self.purge_dead = Script("purge_dead", flags)
+        # operators' controls
+        self.pause = Script("pause", flags)
+        self.promote = Script("promote", flags)
+        self.cancel_matching = Script("cancel_matching", flags)
 
     def all(self) -> list[Script]:
         """Every script, in declaration order."""
