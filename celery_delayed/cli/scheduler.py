@@ -7,9 +7,12 @@ import logging
 import signal
 import threading
 from types import FrameType
+from typing import Any
 
 import click
+from celery import Celery
 
+from ..config import get_config
 from ..errors import StoreUnavailable
 from ..store import ServerHealth, ShardStatus, get_store
 from ._common import app_of, delayed, errors, fmt_ms
@@ -18,8 +21,10 @@ from ._common import app_of, delayed, errors, fmt_ms
 @delayed.command()
 @click.option("--loglevel", "-l", default="INFO", show_default=True, help="Logging level.",
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], case_sensitive=False))
+@click.option("--metrics-port", type=click.IntRange(1, 65535), default=None,
+              help="Serve Prometheus metrics on this port (default: delayed_metrics_port; none when unset).")
 @click.pass_context
-def run(ctx: click.Context, loglevel: str) -> None:
+def run(ctx: click.Context, loglevel: str, metrics_port: int | None) -> None:
     """Run the scheduler until SIGTERM or SIGINT."""
     from ..scheduler import Scheduler
 
@@ -34,6 +39,7 @@ def run(ctx: click.Context, loglevel: str) -> None:
             sched.preflight()  # settings that disagree with the store's: refuse before joining
         except StoreUnavailable as exc:
             logging.getLogger("celery_delayed.scheduler").warning("store unavailable at start (%s); retrying", exc)
+    exporter = start_metrics(app, metrics_port)
 
     def _stop(signum: int, frame: FrameType | None) -> None:
         sched.stop()
@@ -47,8 +53,24 @@ def run(ctx: click.Context, loglevel: str) -> None:
     thread.start()
     while thread.is_alive():
         thread.join(1.0)
+    if exporter is not None:
+        exporter.shutdown()
     if sched.fatal is not None:
         raise click.ClickException(str(sched.fatal))
+
+
+def start_metrics(app: Celery, port: int | None) -> Any:
+    """Start the metrics exporter on ``port`` (or ``delayed_metrics_port``); None when neither is set."""
+    cfg = get_config(app)
+    port = port or cfg.metrics_port
+    if port is None:
+        return None
+    from ..metrics import serve
+
+    try:
+        return serve(app, port, cfg.metrics_address)
+    except (ImportError, OSError) as exc:
+        raise click.ClickException(f"cannot serve metrics on {cfg.metrics_address}:{port}: {exc}") from exc
 
 
 @delayed.command()
