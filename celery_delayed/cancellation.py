@@ -6,7 +6,7 @@ One function for every way in (:func:`celery_delayed.cancel`,
 
 from __future__ import annotations
 
-from .announce import Announcer
+from .announce import shared
 from .store import Store
 from .vocab import JobState
 
@@ -29,5 +29,5 @@ def cancel_job(store: Store, job_id: str, shard: int | None = None, *, terminate
     if prev == JobState.RUNNING:
         store.app.control.revoke(job_id, terminate=True, signal=signal)
     else:
-        Announcer(store.app).revoked(job_id, "cancelled")
+        shared(store.app).revoked(job_id, "cancelled")
     return prev

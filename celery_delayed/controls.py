@@ -12,7 +12,7 @@ from typing import Any
 
 from celery import Celery
 
-from .announce import Announcer
+from .announce import shared
 from .errors import InvalidOption
 from .store import get_store
 from .timeutil import due_spec
@@ -93,10 +93,7 @@ def cancel_matching(
     """
     store = get_store(app)
     ids = store.cancel_matching(task, queue, _bound(due_from, app.timezone), _bound(due_to, app.timezone))
-    announce = Announcer(app)
-    try:
-        for job_id in ids:
-            announce.revoked(job_id, "cancelled")
-    finally:
-        announce.close()
+    announce = shared(app)
+    for job_id in ids:
+        announce.revoked(job_id, "cancelled")
     return ids
