@@ -84,8 +84,9 @@ def status(ctx: click.Context, as_json: bool) -> None:
         # Live members only: a dead scheduler's entry stays until a heartbeat drops it.
         members = store.live_members()
         warnings = ServerHealth(store).warnings()
+        paused = store.pauses()
     if as_json:
-        click.echo(json.dumps({"shards": rows, "schedulers": members, "warnings": warnings}))
+        click.echo(json.dumps({"shards": rows, "schedulers": members, "warnings": warnings, "paused": paused}))
         return
     click.echo(f"{'shard':>5} {'pending':>9} {'overdue':>8} {'inflight':>8}  next due / oldest overdue")
     for r in rows:
@@ -97,5 +98,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
     firsts = [r["next_due_ms"] for r in rows if r["next_due_ms"] is not None]
     click.echo(f"total: {total} pending, {overdue} overdue, next due {fmt_ms(min(firsts) if firsts else None)}, "
                f"{len(members)} scheduler(s) {' '.join(members)}")
+    if paused:
+        click.echo("paused: " + ", ".join(f"{flag} (since {fmt_ms(since)})" for flag, since in sorted(paused.items())))
     for w in warnings:
         click.echo(f"WARNING: {w}")

@@ -23,9 +23,9 @@ from celery import Celery
 from kombu.exceptions import OperationalError
 
 from ..config import get_config
+from ..doctor import PROBLEM, store_findings
 from ..errors import ConfigurationError, LeaseLost, StoreFull, StoreUnavailable
-from ..store import ServerHealth, Store
-from ..store.health import UNCHECKED
+from ..store import Store
 from .mover import Mover, make_mover
 from .wakeup import WakeListener
 
@@ -250,7 +250,7 @@ class Scheduler:
         return max(0.0, min(until_due, until_hb, self.max_sleep_s))
 
     def preflight(self) -> list[str]:
-        """Check the store before joining; return (and log) the warnings about its server.
+        """Check the store before joining; return (and log) what ``delayed doctor`` finds wrong with it.
 
         Raises:
             ConfigurationError: this scheduler's settings disagree with the
@@ -259,9 +259,13 @@ class Scheduler:
             StoreUnavailable: Redis cannot be reached (the loop tries again).
         """
         self.store.check_fleet()
-        warnings = ServerHealth(self.store).warnings()
-        for w in warnings:
-            logger.log(logging.WARNING if w.startswith(UNCHECKED) else logging.ERROR, "celery-delayed store: %s", w)
+        warnings = []
+        for f in store_findings(self.store):
+            if f.level == "ok":
+                continue
+            text = f"{f.message}; {f.fix}" if f.fix else f.message
+            logger.log(logging.ERROR if f.level == PROBLEM else logging.WARNING, "celery-delayed store: %s", text)
+            warnings.append(text)
         self._checked = True
         return warnings
 

@@ -157,6 +157,10 @@ class Store:
                 )
         self._layout_ok = True
 
+    def layout(self) -> dict[str, str]:
+        """The ``shards`` and ``bucket_ms`` recorded when the store was created (empty: none yet); reads only."""
+        return {str(k): str(v) for k, v in self.client.hgetall(self.keys.layout).items()}
+
     def shard_of(self, job_id: str, shard_key: str | None = None) -> int:
         """The shard a job lives in: ``crc32(shard_key or job_id) % delayed_shards``."""
         return shard_for(shard_key or job_id, self.config.shards)
