@@ -15,9 +15,9 @@ and every app it loads is installed).
 from __future__ import annotations
 
 from ..plugin import register_with_celery
-from . import dlq, jobs, ops, scheduler
+from . import dlq, jobs, ops, scheduler, web
 from ._common import delayed
 
-__all__ = ["delayed", "dlq", "jobs", "ops", "scheduler"]
+__all__ = ["delayed", "dlq", "jobs", "ops", "scheduler", "web"]
 
 register_with_celery()

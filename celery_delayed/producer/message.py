@@ -42,6 +42,8 @@ MESSAGE_OPTIONS = frozenset(
         "headers", "serializer", "compression", "delivery_mode", "time_limit",
         "soft_time_limit", "ignore_result", "link", "link_error", "reply_to",
         "root_id", "parent_id", "shadow", "group_id", "group_index", "chord", "chain",
+        # what monitors and the dashboard show instead of the arguments (redaction), as apply_async
+        "argsrepr", "kwargsrepr",
     }
 )
 #: Task attributes that are defaults for the options above (as ``apply_async``,
@@ -170,7 +172,7 @@ def build_message(
 #: Options that go into the protocol-2 headers rather than the routing.
 _PROTOCOL_OPTIONS = (
     "expires", "time_limit", "soft_time_limit", "ignore_result", "link", "link_error", "reply_to",
-    "root_id", "parent_id", "shadow", "chain", "chord", "group_id", "group_index",
+    "root_id", "parent_id", "shadow", "chain", "chord", "group_id", "group_index", "argsrepr", "kwargsrepr",
 )
 
 
@@ -215,7 +217,7 @@ def _create_task_message(
             p["expires"], retries, p["chord"], maybe_list(p["link"]), maybe_list(p["link_error"]),
             p["reply_to"] or app.thread_oid, p["time_limit"], p["soft_time_limit"],
             app.conf.task_send_sent_event, p["root_id"], p["parent_id"], p["shadow"], p["chain"],
-            ignore_result=p["ignore_result"],
+            ignore_result=p["ignore_result"], argsrepr=p["argsrepr"], kwargsrepr=p["kwargsrepr"],
         )
     except (TypeError, ValueError) as exc:
         raise InvalidOption(str(exc)) from exc

@@ -262,6 +262,11 @@ class Store:
         rec["id"], rec["shard"] = job_id, str(s)
         return rec
 
+    def message(self, job_id: str, shard: int) -> str | None:
+        """The job's stored kombu envelope (JSON), while it has one (until release), else None."""
+        msg = self.client.hget(self.keys.shard(shard).job(job_id), Field.MESSAGE)
+        return None if msg is None else str(msg)
+
     def cancel(
         self, job_id: str, shard: int | None = None, now_ms: int | None = None, running: bool = False,
     ) -> str:
