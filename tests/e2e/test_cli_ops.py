@@ -8,7 +8,7 @@ import urllib.request
 import pytest
 from celery.bin.base import CLIContext
 from click.testing import CliRunner, Result
-from support import SchedulerProcess, WorkerProcess, free_port, make_app, port_open, ran, wait_for
+from support import SchedulerProcess, WorkerProcess, free_port, make_app, need, port_open, ran, wait_for
 
 from celery_delayed import apply_later_many, get_store
 from celery_delayed.cli import delayed
@@ -77,18 +77,21 @@ def test_doctor_finds_no_scheduler_and_no_aof(oapp):
     assert "[PROBLEM] layout: delayed_shards is 8" in invoke(other, "doctor").stdout
 
 
-def test_doctor_reports_rabbitmq_consumer_timeout_or_says_it_could_not(redis_url, rabbitmq_url, uid):
+def test_doctor_reports_rabbitmq_consumer_timeout(redis_url, rabbitmq_url, uid):
+    need("RabbitMQ's management API on 127.0.0.1:15672", port_open("127.0.0.1", 15672))
     app = make_app(rabbitmq_url, uid, delayed_redis_url=redis_url, delayed_shards=4)
     found = {f["check"]: f for f in json.loads(invoke(app, "doctor", "--json").stdout)}
     f = found["consumer_timeout"]
-    if port_open("127.0.0.1", 15672):
-        assert f["level"] == "ok" and "consumer_timeout" in f["message"] and "RabbitMQ 3" in f["message"]
-    else:
-        assert f["level"] == "unchecked" and f["message"].startswith("could not check RabbitMQ's consumer_timeout")
+    assert f["level"] == "ok" and "consumer_timeout per queue" in f["message"] and "RabbitMQ 3" in f["message"]
+
+
+def test_doctor_says_when_it_could_not_check_consumer_timeout(redis_url, rabbitmq_url, uid):
     closed = make_app(rabbitmq_url, uid, delayed_redis_url=redis_url, delayed_shards=4,
                       delayed_rabbitmq_api_url=f"http://guest:guest@127.0.0.1:{free_port()}")
     f = {f["check"]: f for f in json.loads(invoke(closed, "doctor", "--json").stdout)}["consumer_timeout"]
-    assert f["level"] == "unchecked" and "could not check" in f["message"]
+    assert f["level"] == "unchecked" and f["message"].startswith("could not check RabbitMQ's consumer_timeout")
+    res = invoke(closed, "doctor")
+    assert "[not checked] consumer_timeout: could not check" in res.stdout
 
 
 @pytest.mark.e2e
