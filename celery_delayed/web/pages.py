@@ -54,7 +54,7 @@ def secs(x: float | None) -> str:
         return "-"
     if x == float("inf"):
         return f"> {LATENESS_BOUNDS_MS[-1] / 1000:g}s"
-    return f"{x * 1000:.0f} ms" if x < 1 else f"{x:g} s"
+    return f"{x * 1000:.0f} ms" if x < 1 else f"{x:.2f} s"
 
 
 def state(st: str) -> str:
@@ -216,7 +216,7 @@ def job(rec: dict[str, str], message: str | None, now_ms: int, csrf: str, read_o
     """One job: actions, arguments, history, the record."""
     jid, st = rec["id"], rec.get(Field.STATE, "")
     due = int(float(rec.get(Field.DUE, 0) or 0))
-    out = [f'<p>{state(st)} <span id="job-state" class="mono">{e(st)}</span> · task <b>{e(rec.get(Field.TASK))}'
+    out = [f'<p><span id="job-state" class="state {e(st)}">{e(st)}</span> · task <b>{e(rec.get(Field.TASK))}'
            f'</b> · queue {e(rec.get(Field.QUEUE))} · due {e(when(due))} ({e(ago(due, now_ms))}) · shard '
            f'{e(rec.get("shard"))}</p>']
     if not read_only:
@@ -235,6 +235,8 @@ def job(rec: dict[str, str], message: str | None, now_ms: int, csrf: str, read_o
     out.append(f'<h2>Arguments</h2><dl class="kv" id="arguments"><dt>args</dt><dd class=mono>{e(args) or "-"}</dd>'
                f'<dt>kwargs</dt><dd class=mono>{e(kwargs) or "-"}</dd></dl>')
     events = sorted((int(float(rec[f])), label) for f, label in _HISTORY if rec.get(f))
+    if st == JobState.SCHEDULED and due:
+        events.append((due, "due (the scheduler releases it then)"))
     if rec.get(Field.ERROR_TYPE) or rec.get(Field.REASON):
         err = f"{rec.get(Field.ERROR_TYPE, '')}: {rec.get(Field.ERROR_MESSAGE, '')}" if rec.get(Field.ERROR_TYPE) \
             else rec.get(Field.REASON, "")
