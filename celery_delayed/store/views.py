@@ -82,13 +82,16 @@ class Pending:
         self.url = store.url
 
     def page(self, task: str | None = None, offset: int = 0, limit: int = 50) -> list[dict[str, Any]]:
-        """Scheduled jobs, earliest due first over all shards, optionally of one task.
+        """Scheduled jobs, earliest due first over all shards, optionally of one task (read from the pending index).
 
         Each row: ``id``, ``shard``, ``due`` (epoch ms), ``task``, ``queue``, ``st``.
         """
         _check_page(offset, limit)
         store = self.store
-        streams = [self._shard_stream(s, k) for s in range(store.config.shards) for k in _due_keys(store, s)]
+        keys = [(s, store.keys.shard(s).index(p)) for s in range(store.config.shards)
+                for p in store.index_parts(s, task)] if task else \
+            [(s, k) for s in range(store.config.shards) for k in [*_due_keys(store, s), store.keys.shard(s).held]]
+        streams = [self._shard_stream(s, k) for s, k in keys]
         merged = heapq.merge(*streams)
         out: list[dict[str, Any]] = []
         skipped = 0

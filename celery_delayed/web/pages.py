@@ -11,7 +11,7 @@ import html
 import json
 from collections.abc import Iterable, Sequence
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 from ..store.stats import LATENESS_BOUNDS_MS, Histogram, Snapshot
 from ..store.views import DeadLetter
@@ -55,6 +55,11 @@ def secs(x: float | None) -> str:
     if x == float("inf"):
         return f"> {LATENESS_BOUNDS_MS[-1] / 1000:g}s"
     return f"{x * 1000:.0f} ms" if x < 1 else f"{x:.2f} s"
+
+
+def jpath(job_id: str, action: str = "") -> str:
+    """The dashboard path of a job (its id quoted: ids may hold any printable character)."""
+    return f"/jobs/{quote(job_id, safe='')}" + (f"/{action}" if action else "")
 
 
 def state(st: str) -> str:
@@ -181,7 +186,7 @@ def pending(rows: list[dict[str, Any]], now_ms: int, task: str | None, queue: st
     if note:
         head += f'<p class="flash error">{e(note)}</p>'
     trs = "".join(
-        f'<tr><td class=mono><a href="/jobs/{e(r["id"])}">{e(r["id"])}</a></td><td class=mono>{e(when(r["due"]))}'
+        f'<tr><td class=mono><a href="{e(jpath(r["id"]))}">{e(r["id"])}</a></td><td class=mono>{e(when(r["due"]))}'
         f'</td><td>{e(ago(r["due"], now_ms))}</td><td>{e(r["task"])}</td><td>{e(r["queue"])}</td>'
         f'<td>{state(r["st"])}</td><td class=mono>{e(r["ik"])}</td><td class=num>{r["shard"]}</td></tr>'
         for r in rows)
@@ -222,14 +227,14 @@ def job(rec: dict[str, str], message: str | None, now_ms: int, csrf: str, read_o
     if not read_only:
         acts = []
         if st in (JobState.SCHEDULED, JobState.CLAIMED, JobState.QUEUED):
-            acts.append(form(f"/jobs/{jid}/cancel", csrf, "Cancel", cls="danger", ident="cancel"))
+            acts.append(form(jpath(jid, "cancel"), csrf, "Cancel", cls="danger", ident="cancel"))
         if st == JobState.SCHEDULED:
-            acts.append(form(f"/jobs/{jid}/promote", csrf, "Run now", cls="primary", ident="run-now"))
-            acts.append(form(f"/jobs/{jid}/reschedule", csrf, "Reschedule", ident="reschedule",
+            acts.append(form(jpath(jid, "promote"), csrf, "Run now", cls="primary", ident="run-now"))
+            acts.append(form(jpath(jid, "reschedule"), csrf, "Reschedule", ident="reschedule",
                              fields='<input type="text" id="reschedule-when" name="when" '
                                     'placeholder="seconds from now, or ISO date" size="24">'))
         if st == JobState.DEAD:
-            acts.append(form(f"/dlq/{jid}/requeue", csrf, "Requeue", cls="primary", ident="requeue"))
+            acts.append(form(f"/dlq/{quote(jid, safe='')}/requeue", csrf, "Requeue", cls="primary", ident="requeue"))
         out.append('<div class="actions">' + "".join(acts) + "</div>")
     args, kwargs = _args(rec, message)
     out.append(f'<h2>Arguments</h2><dl class="kv" id="arguments"><dt>args</dt><dd class=mono>{e(args) or "-"}</dd>'
@@ -263,9 +268,9 @@ def dead_letters(letters: Iterable[DeadLetter], total: int, offset: int, limit: 
     """The dead-letter queue, most recent first, with requeue and purge."""
     letters = list(letters)
     trs = "".join(
-        f'<tr><td class=mono><a href="/jobs/{e(d.id)}">{e(d.id)}</a></td><td class=mono>{e(when(d.died_ms))}</td>'
+        f'<tr><td class=mono><a href="{e(jpath(d.id))}">{e(d.id)}</a></td><td class=mono>{e(when(d.died_ms))}</td>'
         f'<td>{e(d.task)}</td><td class=num>{d.attempts}</td><td>{e(d.error[:200])}</td><td>'
-        + ("" if read_only else form(f"/dlq/{d.id}/requeue", csrf, "Requeue", ident=f"requeue-{d.id}"))
+        + ("" if read_only else form(f"/dlq/{quote(d.id, safe='')}/requeue", csrf, "Requeue", ident=f"requeue-{d.id}"))
         + "</td></tr>" for d in letters)
     purge = "" if read_only else ('<div class="actions">' + form(
         "/dlq/purge", csrf, "Purge", cls="danger", ident="purge",

@@ -201,7 +201,7 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         t0 = time.perf_counter()
         url = urlsplit(self.path)
-        path, query = unquote(url.path), parse_qs(url.query)
+        path, query = url.path, parse_qs(url.query)
         if path == "/healthz":
             self._send(200, b"ok\n", "text/plain; charset=utf-8")
             return
@@ -239,9 +239,14 @@ class Handler(BaseHTTPRequestHandler):
             self._page("Overview", body, "overview", t0)
             return
         if path == "/metrics":
-            from ..metrics import render
+            try:
+                from ..metrics import render
 
-            data, ctype = render(dash.app)
+                data, ctype = render(dash.app)
+            except ImportError:
+                self._send(404, b'/metrics needs prometheus_client: pip install "celery-delayed[metrics]"\n',
+                           "text/plain; charset=utf-8")
+                return
             self._send(200, data, ctype)
             return
         if path == "/jobs":
@@ -249,7 +254,7 @@ class Handler(BaseHTTPRequestHandler):
             return
         m = _JOB.match(path)
         if m and not m.group(2):
-            rec = dash.store.get(m.group(1))
+            rec = dash.store.get(unquote(m.group(1)))
             msg = dash.store.message(rec["id"], int(rec["shard"]))
             self._page(f"Job {rec['id']}", pages.job(rec, msg, dash.store.now_ms(), dash.csrf, dash.read_only),
                        "jobs", t0)
@@ -300,7 +305,7 @@ class Handler(BaseHTTPRequestHandler):
             self._send(HTTPStatus.FORBIDDEN, b"CSRF check failed: reload the page and try again\n",
                        "text/plain; charset=utf-8")
             return
-        path = unquote(urlsplit(self.path).path)
+        path = urlsplit(self.path).path
         try:
             self._post(path, form)
         except DelayedError as exc:
@@ -319,7 +324,7 @@ class Handler(BaseHTTPRequestHandler):
         dash, app = self.dash, self.dash.app
         m = _JOB.match(path)
         if m and m.group(2):
-            jid, action = m.group(1), m.group(2)
+            jid, action = unquote(m.group(1)), m.group(2)
             here = "/jobs/" + quote(jid, safe="")
             if action == "cancel":
                 prev = cancel_job(dash.store, jid)
@@ -333,8 +338,9 @@ class Handler(BaseHTTPRequestHandler):
             return
         m = _DLQ.match(path)
         if m:
-            due = dlq.requeue(dash.store, m.group(1))
-            self._redirect("/jobs/" + quote(m.group(1), safe=""), f"requeued, due {pages.when(due)}")
+            jid = unquote(m.group(1))
+            due = dlq.requeue(dash.store, jid)
+            self._redirect("/jobs/" + quote(jid, safe=""), f"requeued, due {pages.when(due)}")
             return
         if path == "/dlq/purge":
             older = form.get("older_than", "").strip()

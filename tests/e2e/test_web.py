@@ -191,3 +191,17 @@ def test_in_a_real_browser_cancel_and_requeue(wapp, dashboard, tmp_path):
         drv.find_element(By.ID, "search").send_keys("order-9")
         drv.find_element(By.ID, "search-go").click()
         wait.until(ec.title_contains(k.id))
+
+
+def test_ids_with_any_printable_character(wapp, dashboard):
+    _, base = dashboard
+    odd = "odd id/with?chars%&#"
+    apply_later(wapp, "e2e.mark", task_id=odd, when=600, strict=False)
+    _, page, _ = fetch(f"{base}/jobs")
+    link = re.search(r'<a href="(/jobs/odd[^"]+)">', page).group(1)
+    status, page, _ = fetch(base + link)
+    assert status == 200 and "Job odd id/with?chars%&amp;#" in page
+    token = re.search(r'name="csrf" value="([0-9a-f]+)"', page).group(1)
+    action = re.search(r'<form class="inline" method="post" action="([^"]+/cancel)"', page).group(1)
+    status, page, _ = fetch(base + action, f"csrf={token}".encode())
+    assert status == 200 and get_store(wapp).get(odd)["st"] == "CANCELLED"
