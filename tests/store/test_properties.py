@@ -1,11 +1,13 @@
 """Property-based test of the store's Lua scripts against a small Python model.
 
 A hypothesis ``RuleBasedStateMachine`` schedules, cancels, reschedules,
-releases (direct path), claims, acknowledges and lets claim leases expire, on
+releases (direct path), claims, acknowledges, lets claim leases expire,
+pauses and resumes release, and promotes jobs ("run now"), on
 the real scripts in a private redis-server, with synthetic time (every script
 takes ``now_ms``). After every step the whole store of the run (due index,
 time buckets, in-flight set, job records, the queue's list) must equal what the
-model says.
+model says, and so must the pending index by task and queue and the
+shard's counters (issue 12).
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from support import make_app
 from celery_delayed import InvalidState, JobNotFound
 from celery_delayed.producer.jobs import prepare
 from celery_delayed.store import Store
+from celery_delayed.store.keys import index_part
+from celery_delayed.store.stats import FleetStats
 
 T0 = 1_800_000_000_000  # synthetic epoch ms the runs start at
 CLAIM_LEASE_MS = 1000
@@ -63,6 +67,8 @@ def machine(redis_url: str, bucket_ms: int) -> type[RuleBasedStateMachine]:
             self.jobs: dict[str, Job] = {}
             self.inflight: dict[int, dict[str, int]] = {s: {} for s in range(SHARDS)}
             self.pushed: list[str] = []  # ids in push order (the list holds them reversed)
+            self.paused = False
+            self.counts = {"released": 0, "cancelled": 0, "promoted": 0}
 
         def teardown(self) -> None:
             keys = list(self.client.scan_iter(match=f"{self.store.keys.prefix}*", count=1000))
@@ -113,6 +119,7 @@ def machine(redis_url: str, bucket_ms: int) -> type[RuleBasedStateMachine]:
                     return
                 raise AssertionError(f"cancel of a {job.st} job succeeded")
             assert self.store.cancel(i, now_ms=self.now) == job.st
+            self.counts["cancelled"] += 1
             job.st = "CANCELLED"
             self.inflight[job.shard].pop(i, None)
 
@@ -139,9 +146,39 @@ def machine(redis_url: str, bucket_ms: int) -> type[RuleBasedStateMachine]:
             """Jump past every claim lease, as if the claiming scheduler died."""
             self.now += CLAIM_LEASE_MS + 1
 
+        @rule()
+        def pause_all(self) -> None:
+            self.store.pause(["all"], now_ms=self.now)
+            self.paused = True
+
+        @rule()
+        def resume_all(self) -> None:
+            assert self.store.resume(now_ms=self.now) == 0  # nothing held: only "all" is paused
+            self.paused = False
+
+        @rule(i=st.sampled_from(IDS))
+        def promote(self, i: str) -> None:
+            job = self.jobs.get(i)
+            if job is None or job.st != "SCHEDULED":
+                try:
+                    self.store.promote(i, now_ms=self.now)
+                except (JobNotFound, InvalidState) as exc:
+                    assert isinstance(exc, JobNotFound) == (job is None)
+                    return
+                raise AssertionError("promote of a job that is not scheduled succeeded")
+            assert self.store.promote(i, now_ms=self.now) == self.now
+            if job.due > self.now:
+                job.due = self.now
+                self.counts["promoted"] += 1
+
         @rule(shard=st.integers(0, SHARDS - 1), limit=st.integers(1, 6))
         def release(self, shard: int, limit: int) -> None:
+            if self.paused:
+                batch = self.store.release_due(shard, now_ms=self.now, limit=limit)
+                assert (batch.count, batch.next_due_ms) == (0, None)
+                return
             expected = [i for i, d in self._due_in(shard) if d <= self.now][:limit]
+            self.counts["released"] += len(expected)
             batch = self.store.release_due(shard, now_ms=self.now, limit=limit)
             assert batch.ids == expected
             assert (batch.count, batch.skipped, batch.now_ms) == (len(expected), 0, self.now)
@@ -153,6 +190,9 @@ def machine(redis_url: str, bucket_ms: int) -> type[RuleBasedStateMachine]:
 
         @rule(shard=st.integers(0, SHARDS - 1), limit=st.integers(1, 6))
         def claim(self, shard: int, limit: int) -> None:
+            if self.paused:
+                assert self.store.claim_due(shard, now_ms=self.now, limit=limit).count == 0
+                return
             flight = self.inflight[shard]
             stale = sorted((d, i.encode(), i) for i, d in flight.items() if d <= self.now)
             expected = [i for _, _, i in stale][:limit]
@@ -175,6 +215,7 @@ def machine(redis_url: str, bucket_ms: int) -> type[RuleBasedStateMachine]:
                 if self.inflight[shard].pop(i, None) is not None:
                     expected += 1
                     self.jobs[i].st = "QUEUED"
+                    self.counts["released"] += 1
             assert self.store.ack_claimed(shard, ids, now_ms=self.now) == expected
 
         @rule(i=st.sampled_from(IDS), state=st.sampled_from(["SUCCEEDED", "DEAD"]))
@@ -208,6 +249,11 @@ def machine(redis_url: str, bucket_ms: int) -> type[RuleBasedStateMachine]:
                     on_server = set(c.scan_iter(match=f"{sk.due}:*", count=1000))
                     assert on_server == listed, "a bucket key that the bucket index does not list"
                 assert got == expected_due
+                # the pending index (one task, one queue here) holds exactly the scheduled jobs
+                parts = set(c.smembers(sk.index_parts))
+                assert parts <= {index_part(TASK, self.queue)}
+                ix = {k: int(v) for p in parts for k, v in c.zrange(sk.index(p), 0, -1, withscores=True)}
+                assert ix == expected_due
                 assert {k: int(v) for k, v in c.zrange(sk.inflight, 0, -1, withscores=True)} == self.inflight[s]
                 assert not set(got) & set(self.inflight[s]), "a job both scheduled and in flight"
                 nxt = c.get(sk.next)
@@ -220,6 +266,9 @@ def machine(redis_url: str, bucket_ms: int) -> type[RuleBasedStateMachine]:
                 assert (st_, int(due)) == (job.st, job.due)
                 assert (msg is not None) == (job.st in ("SCHEDULED", "CLAIMED"))
                 assert (c.pttl(key) > 0) == (job.st in ("QUEUED", "CANCELLED")) or job.st in ("SUCCEEDED", "DEAD")
+            counters = FleetStats(self.store).snapshot().counters
+            assert counters["scheduled"] == len(self.jobs)
+            assert {k: counters[k] for k in self.counts} == self.counts
             listed = [json.loads(m)["headers"]["id"] for m in c.lrange(self.queue, 0, -1)]
             assert listed == self.pushed[::-1]
             # No orphans: every record under the prefix is a job the model knows.
