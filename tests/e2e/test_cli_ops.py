@@ -132,3 +132,27 @@ def test_run_serves_fleet_metrics_and_doctor_passes_with_a_scheduler(redis_url, 
     res = invoke(app, "doctor")
     assert "[ok] schedulers: 2 live scheduler(s) hold all 4 shards" in res.stdout
     assert len(set(ids)) == 20
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(60)
+def test_worker_with_delayed_serves_metrics_and_logs_the_doctor_at_start(redis_url, uid, workers):
+    prefix, queue = f"t{uid}", f"q{uid}"
+    port = free_port()
+    worker = WorkerProcess(redis_url, prefix, queue, conf={"delayed_metrics_port": port}, extra=["--delayed"])
+    workers.append(worker)
+    worker.wait_ready()
+    app = make_app(redis_url, uid)
+    later(app, 2, when=3600)
+
+    def scrape() -> str:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+                return resp.read().decode()
+        except OSError:
+            return ""
+
+    text = wait_for(lambda: "celery_delayed_scheduled_total 2.0" in scrape() and scrape(), 20,
+                    what="the embedded scheduler's exporter")
+    assert "celery_delayed_schedulers 1.0" in text
+    assert "celery-delayed store: the store's Redis has AOF off" in worker.output()
