@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import re
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -11,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from support import make_app, need
+from support import Proc, app_env, free_port, make_app, need, run_celery, wait_for
 from support.browser import browser_available, chromium
 
 from celery_delayed import apply_later, apply_later_many, get_store, job_id_for_key
@@ -205,3 +206,27 @@ def test_ids_with_any_printable_character(wapp, dashboard):
     action = re.search(r'<form class="inline" method="post" action="([^"]+/cancel)"', page).group(1)
     status, page, _ = fetch(base + action, f"csrf={token}".encode())
     assert status == 200 and get_store(wapp).get(odd)["st"] == "CANCELLED"
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(60)
+def test_the_web_command_serves_and_refuses_an_open_address_without_credentials(redis_url, uid, workers):
+    prefix, queue = f"t{uid}", f"q{uid}"
+    res = run_celery(redis_url, prefix, queue, "delayed", "web", "--address", "0.0.0.0", "--port", "0")
+    assert res.returncode == 1 and "without credentials" in res.stderr
+    port = free_port()
+    web = Proc([sys.executable, "-m", "celery", "-A", "e2e_app", "delayed", "web", "--port", str(port),
+                "--basic-auth", "ops:pw"], app_env(redis_url, prefix, queue))
+    workers.append(web)
+    def up() -> bool:
+        try:
+            return fetch(f"http://127.0.0.1:{port}/healthz")[0] == 200
+        except urllib.error.URLError:
+            return False
+
+    wait_for(up, 20, interval=0.1, what="the dashboard")
+    status, _, headers = fetch(f"http://127.0.0.1:{port}/")
+    assert status == 401 and headers["WWW-Authenticate"].startswith("Basic")
+    auth = base64.b64encode(b"ops:pw").decode()
+    status, page, _ = fetch(f"http://127.0.0.1:{port}/", headers={"Authorization": f"Basic {auth}"})
+    assert status == 200 and f"prefix {prefix}" in page
