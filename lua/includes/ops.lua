@@ -36,11 +36,12 @@ end
 local function late_new() return {sum = 0} end
 local function late_add(h, ms)
   ms = math.max(0, math.floor(ms))
-  local i = #LATE_MS + 1
-  for j = 1, #LATE_MS do
-    if ms <= LATE_MS[j] then i = j; break end
+  local lo, hi = 1, #LATE_MS + 1  -- the first bucket whose bound is >= ms (binary search)
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    if ms <= LATE_MS[mid] then hi = mid else lo = mid + 1 end
   end
-  h[i] = (h[i] or 0) + 1
+  h[lo] = (h[lo] or 0) + 1
   h.sum = h.sum + ms
 end
 local function late_save(base, name, h)
@@ -65,23 +66,29 @@ local function ix_rem(base, task, q, id)
   redis.call('ZREM', k, id)
 end
 -- Many jobs of one call: ix_push per job, then ix_flush once ('add' pushes due, id; 'rem' pushes id).
+-- Lists are kept per task, then per queue: no string is built per job.
 local function ix_push(b, task, q, a, c)
-  local part = ix_part(task, q)
-  local l = b[part]
-  if not l then l = {}; b[part] = l end
+  task, q = task or '', q or ''
+  local byq = b[task]
+  if not byq then byq = {}; b[task] = byq end
+  local l = byq[q]
+  if not l then l = {}; byq[q] = l end
   l[#l + 1] = a
   if c then l[#l + 1] = c end
 end
 local function ix_flush(base, b, op)
-  for part, l in pairs(b) do
-    local k = base .. 'ix:' .. part
-    for i = 1, #l, 512 do
-      redis.call(op == 'add' and 'ZADD' or 'ZREM', k, unpack(l, i, math.min(i + 511, #l)))
-    end
-    if op == 'add' then
-      redis.call('SADD', base .. 'ixs', part)
-    elseif redis.call('EXISTS', k) == 0 then
-      redis.call('SREM', base .. 'ixs', part)
+  for task, byq in pairs(b) do
+    for q, l in pairs(byq) do
+      local part = ix_part(task, q)
+      local k = base .. 'ix:' .. part
+      for i = 1, #l, 512 do
+        redis.call(op == 'add' and 'ZADD' or 'ZREM', k, unpack(l, i, math.min(i + 511, #l)))
+      end
+      if op == 'add' then
+        redis.call('SADD', base .. 'ixs', part)
+      elseif redis.call('EXISTS', k) == 0 then
+        redis.call('SREM', base .. 'ixs', part)
+      end
     end
   end
 end

@@ -174,3 +174,21 @@ def test_promote_and_cancel_matching_read_the_index(store: Store):
     assert snap.counters["promoted"] == 7 and snap.counters["cancelled"] == 3
     with pytest.raises(Exception, match="give a task name or a queue"):
         store.cancel_matching()
+
+
+def test_lateness_buckets_at_their_edges(rclient):
+    ops = (lua_dir() / "includes" / "ops.lua").read_text()
+    script = ops + """
+local out = {}
+for i = 1, #ARGV do
+  local h = late_new()
+  late_add(h, tonumber(ARGV[i]))
+  for b = 1, #LATE_MS + 1 do if h[b] then out[i] = b end end
+end
+return out
+"""
+    samples = [-5, 0, 5, 6, 10, 11, 1000, 1001, 1_800_000, 1_800_001, 10**9]
+    got = rclient.eval(script, 0, *samples)
+    expected = [next((i + 1 for i, b in enumerate(LATENESS_BOUNDS_MS) if max(0, ms) <= b), len(LATENESS_BOUNDS_MS) + 1)
+                for ms in samples]
+    assert got == expected
