@@ -10,6 +10,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import urlencode
 
 import pytest
 from support import Proc, app_env, free_port, make_app, need, run_celery, wait_for
@@ -230,3 +231,32 @@ def test_the_web_command_serves_and_refuses_an_open_address_without_credentials(
     auth = base64.b64encode(b"ops:pw").decode()
     status, page, _ = fetch(f"http://127.0.0.1:{port}/", headers={"Authorization": f"Basic {auth}"})
     assert status == 200 and f"prefix {prefix}" in page
+
+
+def test_run_now_reschedule_pause_resume_and_purge_from_the_pages(wapp, dashboard):
+    _, base = dashboard
+    store = get_store(wapp)
+    h = apply_later(wapp, "e2e.mark", when=3600, strict=False)
+    _, page, _ = fetch(f"{base}/jobs/{h.id}")
+    token = re.search(r'name="csrf" value="([0-9a-f]+)"', page).group(1)
+
+    def post(path: str, **form: str) -> str:
+        status, body, _ = fetch(base + path, urlencode({"csrf": token, **form}).encode())
+        assert status == 200, body
+        return body
+
+    assert "rescheduled to" in post(f"/jobs/{h.id}/reschedule", when="7200")
+    assert int(store.get(h.id)["due"]) >= store.now_ms() + 7_100_000
+    assert "when must be seconds from now or an ISO date" in post(f"/jobs/{h.id}/reschedule", when="next tuesday")
+    assert "due now" in post(f"/jobs/{h.id}/promote")
+    assert int(store.get(h.id)["due"]) <= store.now_ms()
+    assert "paused queue:" in post("/pause", queue=wapp.conf.task_default_queue)
+    assert store.pauses()
+    _, page, _ = fetch(base + "/")
+    assert f"queue:{wapp.conf.task_default_queue}" in page
+    assert "resumed" in post("/resume", flag=f"queue:{wapp.conf.task_default_queue}")
+    assert not store.pauses()
+    dead = _dead_letter(wapp)
+    assert "purged 1 dead letter(s)" in post("/dlq/purge")
+    with pytest.raises(Exception, match="not found|JobNotFound|no job"):
+        store.get(dead)
