@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from celery_delayed.testing import RedisServer
 
-from . import report, s_drain, s_durability, s_lateness, s_memory, s_release, s_schedule
+from . import report, s_drain, s_durability, s_lateness, s_memory, s_ops, s_release, s_schedule
 from .common import Ctx
 
 SCENARIOS: dict[str, Callable[[Ctx], None]] = {
@@ -32,8 +32,10 @@ SCENARIOS: dict[str, Callable[[Ctx], None]] = {
     "duplicates": s_lateness.duplicates,  # 9
     "buckets": s_release.buckets,  # 10
     "postgres": s_release.postgres,  # 11
-    "durability": s_durability.durability,  # 12
-    "drain": s_drain.drain,  # 14
+    "metrics-cost": s_ops.metrics_cost,  # 12
+    "dashboard": s_ops.dashboard,  # 13
+    "durability": s_durability.durability,  # 14
+    "drain": s_drain.drain,  # 15
 }
 
 
@@ -41,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("scenario", nargs="+", choices=["all", *SCENARIOS], help="what to run")
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run of a minute or two")
+    parser.add_argument("--out", default="latest", help="results name: bench/results/<out>.md and .json")
     args = parser.parse_args(argv)
     names = list(SCENARIOS) if "all" in args.scenario else args.scenario
     # Each measurement builds its own app with the same two task names.
@@ -60,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
                 traceback.print_exc()
                 ctx.notes.append(f"scenario {name} failed: {exc!r}"[:300])
             print(f"  ({name}: {time.monotonic() - t0:.0f} s)", flush=True)
-        report.write(ctx, names if "all" not in args.scenario else ["all"], time.monotonic() - started)
+        report.write(ctx, names if "all" not in args.scenario else ["all"], time.monotonic() - started, args.out)
     return 0
 
 

@@ -68,8 +68,8 @@ def table(ctx: Ctx) -> str:
     return "\n".join(lines)
 
 
-def write(ctx: Ctx, scenarios: list[str], elapsed_s: float) -> None:
-    """Print the table and write latest.md, latest.json and lateness.png."""
+def write(ctx: Ctx, scenarios: list[str], elapsed_s: float, name: str = "latest") -> None:
+    """Print the table and write <name>.md, <name>.json (default latest) and lateness.png."""
     RESULTS.mkdir(exist_ok=True)
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     versions = _versions()
@@ -88,17 +88,17 @@ def write(ctx: Ctx, scenarios: list[str], elapsed_s: float) -> None:
     text = "\n".join([*head, body, "", "## Notes", "", *notes, "",
                       "![lateness](lateness.png)" if ctx.lateness else "", ""])
     print("\n" + body + "\n" + "\n".join(notes), flush=True)
-    (RESULTS / "latest.md").write_text(text)
+    (RESULTS / f"{name}.md").write_text(text)
     data: dict[str, Any] = {
         "date": stamp, "quick": ctx.quick, "elapsed_s": elapsed_s, "machine": machine(), "versions": versions,
         "rows": [dataclasses.asdict(r) for r in ctx.rows], "notes": ctx.notes,
         "lateness": {k: {"n": len(v), "p50": pct(v, 50), "p99": pct(v, 99), "max": max(v) if v else None}
                      for k, v in ctx.lateness.items()},
     }
-    (RESULTS / "latest.json").write_text(json.dumps(data, indent=1, default=str))
+    (RESULTS / f"{name}.json").write_text(json.dumps(data, indent=1, default=str))
     if ctx.lateness:
         plot(ctx.lateness, RESULTS / "lateness.png")
-    print(f"\nwrote {(RESULTS / 'latest.md').relative_to(ROOT)}, latest.json"
+    print(f"\nwrote {(RESULTS / f'{name}.md').relative_to(ROOT)}, {name}.json"
           f"{', lateness.png' if ctx.lateness else ''}", flush=True)
 
 

@@ -1,4 +1,4 @@
-"""Scenario 14: drain rate, the worker side alone.
+"""Scenario 15: drain rate, the worker side alone.
 
 N messages wait in the queue before the worker starts; the worker drains
 them and the rate is taken between the 10th percent and the last run (so the
@@ -24,7 +24,7 @@ from celery_delayed import apply_later_many, get_store
 from .celery_app import make_app
 from .common import Ctx, celery_worker, delete_prefix, procs, runs, uid, wait_for, wait_ready
 
-S14 = "14 drain rate (worker side)"
+S15 = "15 drain rate (worker side)"
 VARIANTS = ("plain task, apply_async", "plain task via the store", "DelayedTask via the store")
 CONF = {"task_acks_late": True, "worker_prefetch_multiplier": 4}
 
@@ -34,7 +34,7 @@ def drain(ctx: Ctx) -> None:
     rounds = ctx.size(3, 1)
     client = ctx.client()
     for pool, conc in (("prefork", 2), ("threads", 4)):
-        print(f"[{S14}] {n} queued messages, worker -P {pool} -c {conc}, {rounds} rounds", flush=True)
+        print(f"[{S15}] {n} queued messages, worker -P {pool} -c {conc}, {rounds} rounds", flush=True)
         rates: dict[str, list[float]] = {v: [] for v in VARIANTS}
         for r in range(rounds):
             order = VARIANTS[r % 3:] + VARIANTS[:r % 3]
@@ -45,10 +45,10 @@ def drain(ctx: Ctx) -> None:
         system_of = {v: f"{v}, {pool} -c {conc}" for v in VARIANTS}
         for v in VARIANTS:
             best = max(rates[v]) if rates[v] else None
-            ctx.add(S14, system_of[v], f"drain rate ({pool})", best, "tasks/s",
+            ctx.add(S15, system_of[v], f"drain rate ({pool})", best, "tasks/s",
                     note="best of " + ", ".join(f"{x:,.0f}" for x in rates[v]))
-        ctx.relate(S14, f"drain rate ({pool})", system_of[VARIANTS[0]])
-    ctx.notes.append("scenario 14: the queue is filled before the worker starts; rate from the 10th percent of "
+        ctx.relate(S15, f"drain rate ({pool})", system_of[VARIANTS[0]])
+    ctx.notes.append("scenario 15: the queue is filled before the worker starts; rate from the 10th percent of "
                      "runs to the last; task_acks_late on; rounds rotate the order of the variants")
 
 
@@ -82,7 +82,7 @@ def _one(ctx: Ctx, client: Any, variant: str, n: int, pool: str, conc: int) -> f
     finally:
         delete_prefix(client, f"{prefix}:*", f"*{queue}*")
     if len(done) < n:
-        ctx.notes.append(f"scenario 14: {variant} ({pool}) ran {len(done)} of {n} within 120 s")
+        ctx.notes.append(f"scenario 15: {variant} ({pool}) ran {len(done)} of {n} within 120 s")
     k = len(done) // 10
     if len(done) - k < 2 or done[-1] <= done[k]:
         return None

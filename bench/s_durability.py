@@ -27,7 +27,7 @@ from celery_delayed.sql.rows import get_rows
 from .celery_app import make_app
 from .common import Ctx, uid
 
-S12 = "12 durability: the database, the reconciler, the mirror"
+S14 = "14 durability: the database, the reconciler, the mirror"
 PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 
 
@@ -51,7 +51,7 @@ def durability(ctx: Ctx) -> None:
     try:
         import sqlalchemy  # noqa: F401
     except ImportError:
-        ctx.notes.append("scenario 12 skipped: SQLAlchemy is not installed (pip install -e '.[sql]')")
+        ctx.notes.append("scenario 14 skipped: SQLAlchemy is not installed (pip install -e '.[sql]')")
         return
     try:
         with _database() as url:
@@ -61,7 +61,7 @@ def durability(ctx: Ctx) -> None:
             _mirror(ctx, url)
     except Exception as exc:
         if "connect" in str(exc).lower():
-            ctx.notes.append(f"scenario 12 skipped: PostgreSQL not reachable at 127.0.0.1:5432 ({exc})"[:300])
+            ctx.notes.append(f"scenario 14 skipped: PostgreSQL not reachable at 127.0.0.1:5432 ({exc})"[:300])
             return
         raise
 
@@ -79,7 +79,7 @@ def _apps(ctx: Ctx, url: str) -> tuple[Any, Any]:
 def _costs(ctx: Ctx, url: str) -> None:
     n = ctx.size(10_000, 1_000)
     plain, sql = _apps(ctx, url)
-    print(f"[{S12}] apply_later with and without the database: {n} calls each, then bulk", flush=True)
+    print(f"[{S14}] apply_later with and without the database: {n} calls each, then bulk", flush=True)
     for app in (plain, sql):  # warm up (connections, scripts, templates)
         for _ in range(50):
             apply_later(app, "bench.late_d", (0.0,), None, 3600)
@@ -92,30 +92,30 @@ def _costs(ctx: Ctx, url: str) -> None:
                 apply_later(app, "bench.late_d", (0.0,), None, 3600)
             spent[name] += time.perf_counter() - t0
     for name, s in spent.items():
-        ctx.add(S12, name, "apply_later, one call at a time", n / s, "jobs/s", note=f"{rounds} interleaved rounds")
-    ctx.relate(S12, "apply_later, one call at a time", "Redis only")
+        ctx.add(S14, name, "apply_later, one call at a time", n / s, "jobs/s", note=f"{rounds} interleaved rounds")
+    ctx.relate(S14, "apply_later, one call at a time", "Redis only")
     bulk = ctx.size(100_000, 10_000)
     for name, app in (("Redis only", plain), ("PostgreSQL + Redis", sql)):
         t0 = time.perf_counter()
         for lo in range(0, bulk, 10_000):
             apply_later_many(app, "bench.late_d", [{"args": (0.0,), "when": 3600}] * min(10_000, bulk - lo))
-        ctx.add(S12, name, "apply_later_many", bulk / (time.perf_counter() - t0), "jobs/s",
+        ctx.add(S14, name, "apply_later_many", bulk / (time.perf_counter() - t0), "jobs/s",
                 note=f"{bulk} jobs in batches of 10,000")
-    ctx.relate(S12, "apply_later_many", "Redis only")
+    ctx.relate(S14, "apply_later_many", "Redis only")
 
 
 def _reconcile(ctx: Ctx, url: str, n: int) -> None:
     _, sql = _apps(ctx, url)
-    print(f"[{S12}] a reconciler pass over {n:,} pending jobs (rows and records)", flush=True)
+    print(f"[{S14}] a reconciler pass over {n:,} pending jobs (rows and records)", flush=True)
     t0 = time.perf_counter()
     for lo in range(0, n, 10_000):
         apply_later_many(sql, "bench.late_d", [{"args": (0.0,), "when": 86_400}] * min(10_000, n - lo))
     fill = time.perf_counter() - t0
-    ctx.add(S12, "PostgreSQL + Redis", f"fill {n:,} jobs", n / fill, "jobs/s")
+    ctx.add(S14, "PostgreSQL + Redis", f"fill {n:,} jobs", n / fill, "jobs/s")
     t0 = time.perf_counter()
     report = Reconciler(sql, dry_run=True).run_pass()
     spent = time.perf_counter() - t0
-    ctx.add(S12, "reconciler", f"one pass over {n:,} jobs", spent, "s",
+    ctx.add(S14, "reconciler", f"one pass over {n:,} jobs", spent, "s",
             note=f"{report.scanned_rows:,} rows and {report.scanned_jobs:,} Redis jobs checked, "
                  f"{n / spent:,.0f} jobs/s, found {report.reindexed} to index and {report.adopted} to adopt")
     _drop(sql)
@@ -127,7 +127,7 @@ def _mirror(ctx: Ctx, url: str) -> None:
     store = get_store(sql)
     rows = get_rows(sql)
     assert rows is not None
-    print(f"[{S12}] the mirror under a release burst of {n:,} jobs", flush=True)
+    print(f"[{S14}] the mirror under a release burst of {n:,} jobs", flush=True)
     apply_later_many(sql, "bench.late_d", [{"args": (0.0,), "when": 0}] * n)
     t_release = time.perf_counter()
     for s in range(store.config.shards):
@@ -138,7 +138,7 @@ def _mirror(ctx: Ctx, url: str) -> None:
     entries = Mirror(store, rows).apply(list(range(store.config.shards)))
     caught_up = time.perf_counter() - t0
     queued = rows.counts().get("QUEUED", 0)
-    ctx.add(S12, "mirror", f"apply a burst of {n:,} releases", caught_up, "s",
+    ctx.add(S14, "mirror", f"apply a burst of {n:,} releases", caught_up, "s",
             note=f"{entries} log entries; release took {released:.2f}s; {queued:,} rows QUEUED after; "
                  f"lag at most release time + this (the scheduler applies every second)")
     _drop(sql)

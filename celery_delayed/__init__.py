@@ -14,6 +14,9 @@ from .api import apply_later, apply_later_many, cancel, cancel_by_key, job_id_fo
 # Settings
 from .config import DelayedConfig, get_config
 
+# Operators' controls
+from .controls import cancel_matching, pause, paused, promote, promote_matching, resume
+
 # Errors
 from .errors import (
     ConfigurationError,
@@ -73,12 +76,18 @@ __all__ = [
     "apply_later_many",
     "cancel",
     "cancel_by_key",
+    "cancel_matching",
     "compute_backoff",
     "get_config",
     "get_store",
     "install",
     "job_id_for_key",
     "lookup",
+    "pause",
+    "paused",
+    "promote",
+    "promote_matching",
     "reschedule",
+    "resume",
 ]
 __version__ = "0.1.0"

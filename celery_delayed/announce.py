@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
 from collections.abc import Iterable
 from typing import Any
 
@@ -43,6 +44,7 @@ class Announcer:
         self.app = app
         self.events_enabled = bool(app.conf.task_send_sent_event)
         self._dispatcher: Any = None
+        self._lock = threading.Lock()  # one dispatcher, shared by the threads of a process (see shared())
 
     # -- the result backend ------------------------------------------------------
 
@@ -90,21 +92,35 @@ class Announcer:
             if fields:
                 self.event("task-sent", **fields)
 
+    def scheduled(self, events: Iterable[tuple[dict[str, Any], str]]) -> None:
+        """Announce jobs just scheduled: ``task-sent`` with the eta (an ISO date), as ``apply_async(eta=)`` does.
+
+        Each item is a job's stored task-sent fields and its eta; monitors
+        (Flower) then list the task as pending with that eta until it runs.
+        """
+        for fields, eta in events:
+            self.event("task-sent", **{**fields, "eta": eta})
+
     def event(self, kind: str, **fields: Any) -> None:
         """Send one task event when the app enables events from non-worker processes."""
         if not self.events_enabled:
             return
-        try:
-            if self._dispatcher is None:
-                conn = self.app.connection_for_write()
-                self._dispatcher = self.app.events.Dispatcher(conn, hostname=HOSTNAME, enabled=True)
-            self._dispatcher.send(kind, **fields)
-        except Exception:  # events are best effort: the store holds the truth
-            logger.warning("could not send the %s event", kind, exc_info=True)
-            self.close()
+        with self._lock:
+            try:
+                if self._dispatcher is None:
+                    conn = self.app.connection_for_write()
+                    self._dispatcher = self.app.events.Dispatcher(conn, hostname=HOSTNAME, enabled=True)
+                self._dispatcher.send(kind, **fields)
+            except Exception:  # events are best effort: the store holds the truth
+                logger.warning("could not send the %s event", kind, exc_info=True)
+                self._close()
 
     def close(self) -> None:
         """Release the event connection (the next event opens a new one)."""
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
         if self._dispatcher is not None:
             try:
                 self._dispatcher.close()
@@ -112,3 +128,14 @@ class Announcer:
             except Exception:
                 logger.debug("closing the event dispatcher failed", exc_info=True)
             self._dispatcher = None
+
+
+_SHARED = "_celery_delayed_announcer"
+
+
+def shared(app: Celery) -> Announcer:
+    """The app's process-wide announcer for producers (one event connection, opened on first use)."""
+    announcer: Announcer | None = app.__dict__.get(_SHARED)
+    if announcer is None:
+        announcer = app.__dict__.setdefault(_SHARED, Announcer(app))
+    return announcer

@@ -7,18 +7,20 @@ store's gateway (:class:`celery_delayed.store.Store`) and returns a handle
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from celery import Celery
 
+from .announce import shared as shared_announcer
 from .cancellation import cancel_job
 from .errors import ConfigurationError, DuplicateJob, InvalidOption
 from .producer.jobs import PlainCalls, Prepared, job_id_for_key, lookup_task, prepare, refuse_taken
 from .producer.message import task_defaults
 from .result import DelayedResult
 from .store import NewJob, get_store
-from .timeutil import due_spec
+from .timeutil import due_spec, from_ms
 from .vocab import Field, JobState
 
 __all__ = ["apply_later", "apply_later_many", "cancel", "cancel_by_key", "job_id_for_key", "lookup", "reschedule"]
@@ -61,7 +63,19 @@ def store_prepared(app: Celery, prepared: Sequence[Prepared], connection: Any = 
         if not res.created and not p.idempotent:
             raise DuplicateJob(res.id, res.state)
         out.append(DelayedResult(res.id, store=store, shard=res.shard, due_ms=res.due_ms, created=res.created))
+    if app.conf.task_send_sent_event:
+        _announce_scheduled(app, prepared, results)
     return out
+
+
+def _announce_scheduled(app: Celery, prepared: Sequence[Prepared], results: Sequence[Any]) -> None:
+    """``task-sent`` with the eta for each job just stored (its record's stored event fields)."""
+    events = []
+    for p, res in zip(prepared, results, strict=True):
+        raw = p.job.fields.get(Field.SENT_EVENT) or (p.job.common or {}).get(Field.SENT_EVENT)
+        if res.created and raw:
+            events.append((json.loads(raw), from_ms(res.due_ms).isoformat()))
+    shared_announcer(app).scheduled(events)
 
 
 def apply_later(

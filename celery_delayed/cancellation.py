@@ -19,7 +19,7 @@ from celery.app.control import Control
 from celery.utils.functional import maybe_list
 from celery.utils.imports import symbol_by_name
 
-from .announce import Announcer
+from .announce import shared
 from .errors import DelayedError, InvalidOption, InvalidState, JobNotFound
 from .store import Store, get_store
 from .vocab import JobState
@@ -45,7 +45,7 @@ def cancel_job(store: Store, job_id: str, shard: int | None = None, *, terminate
     if prev == JobState.RUNNING:
         store.app.control.revoke(job_id, terminate=True, signal=signal)
     else:
-        Announcer(store.app).revoked(job_id, "cancelled")
+        shared(store.app).revoked(job_id, "cancelled")
     return prev
 
 
@@ -75,7 +75,7 @@ def revoke_in_store(app: Celery, task_ids: Any, *, terminate: bool = False) -> d
             except (JobNotFound, InvalidState, InvalidOption):
                 continue
             if prev != JobState.RUNNING:
-                Announcer(app).revoked(job_id, "revoked")
+                shared(app).revoked(job_id, "revoked")
             out[job_id] = str(prev)
     except DelayedError as exc:  # the store is down, or misconfigured: Celery's revoke still goes out
         logger.warning("revoke of %s: could not cancel it in the celery-delayed store: %s", task_ids, exc)

@@ -148,6 +148,13 @@ SETTINGS: tuple[Setting, ...] = (
             "every task through the store (see Adopting without changing call sites)"),
     Setting("intercept_min_delay_s", float, 1.0, "with interception: shorter delays stay broker ETA messages",
             lo=0.0, hi=float(_YEAR_S), unit="s"),
+    Setting("metrics_port", int, None, "serve Prometheus metrics on this port from `delayed run` and "
+            "`worker --delayed` (`--metrics-port` overrides it); `None` = no exporter", lo=1, hi=65535,
+            nullable=True),
+    Setting("metrics_address", str, "127.0.0.1", "address the metrics exporter binds"),
+    Setting("rabbitmq_api_url", str, None, "RabbitMQ management API for `delayed doctor` (e.g. "
+            "`http://guest:guest@127.0.0.1:15672`); `None` = the AMQP broker's host on port 15672 with its "
+            "credentials", nullable=True),
 )
 SETTINGS_BY_KEY = {s.key: s for s in SETTINGS}
 
@@ -239,6 +246,9 @@ class DelayedConfig:
     requeue_after_s: float
     intercept_eta: bool
     intercept_min_delay_s: float
+    metrics_port: int | None
+    metrics_address: str
+    rabbitmq_api_url: str | None
 
     @property
     def record_ttl_ms(self) -> int:

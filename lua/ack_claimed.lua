@@ -14,7 +14,8 @@ already, or cancelled) is not counted. An ack that comes after the claim
 expired still counts, even when another scheduler claimed the job again: the
 caller did publish it, and that other scheduler's ack then counts nothing
 (at-least-once: the job may be published twice). A job cancelled while in
-flight keeps its CANCELLED state.
+flight keeps its CANCELLED state. Each job that becomes QUEUED counts as
+released in the shard's stats (includes/ops.lua).
 
 Runs when Redis is at maxmemory (@flags below): it frees memory or holds it
 steady, so a full store keeps draining.
@@ -22,6 +23,7 @@ steady, so a full store keeps draining.
 -- @flags allow-oom
 -- @include "common"
 -- @include "changes"
+-- @include "ops"
 
 local now = now_ms(ARGV[1])
 local prefix, ttl = ARGV[2], tonumber(ARGV[3])
@@ -44,4 +46,5 @@ for i = 5, #ARGV do
   end
 end
 log_change(KEYS[3], ARGV[4], 'QUEUED', queued)
+stats_add(shard_base(KEYS[1]), 'released', #queued, 'queued', #queued)
 return n

@@ -21,6 +21,9 @@ Returns {code, previous state}:
   NOT_FOUND    no such job
   WRONG_STATE  not cancellable in its state (RUNNING, SUCCEEDED, CANCELLED, ...)
 
+A SCHEDULED job leaves the pending index (and a pause's held set); the
+shard's stats count the cancel (includes/ops.lua).
+
 Runs when Redis is at maxmemory (@flags below): it frees memory or holds it
 steady, so a full store keeps draining.
 ]]
@@ -28,16 +31,21 @@ steady, so a full store keeps draining.
 -- @include "common"
 -- @include "due_index"
 -- @include "changes"
+-- @include "ops"
 
 local jk = KEYS[4]
-local st, due = unpack(redis.call('HMGET', jk, 'st', 'due'))
+local st, due, task, q = unpack(redis.call('HMGET', jk, 'st', 'due', 'task', 'q'))
 if not st then return {NOT_FOUND, ''} end
 local running = st == 'RUNNING' and ARGV[5] == '1'
 if st ~= 'SCHEDULED' and st ~= 'CLAIMED' and st ~= 'QUEUED' and not running then return {WRONG_STATE, st} end
 local now = now_ms(ARGV[1])
+local base = shard_base(jk)
 if st == 'SCHEDULED' then
   due_rem(KEYS[1], KEYS[2], ARGV[2], tonumber(due), tonumber(ARGV[3]))
+  ix_rem(base, task, q, ARGV[2])
+  redis.call('ZREM', base .. 'held', ARGV[2])
 end
+stats_add(base, 'cancelled', 1, 'queued', st == 'QUEUED' and -1 or 0, 'running', st == 'RUNNING' and -1 or 0)
 redis.call('ZREM', KEYS[3], ARGV[2])
 released_rem(KEYS[5], ARGV[2])
 redis.call('HSET', jk, 'st', 'CANCELLED', 'cancelled', now)

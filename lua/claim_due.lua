@@ -32,6 +32,9 @@ done); next_due as in release_due. Jobs that
 expired or missed max_lateness are not claimed (see release_due: EXPIRED,
 SKIPPED, DEAD) and count as skipped.
 
+Pauses, the pending index and the stats as in release_due (the jobs count as
+released when ack_claimed confirms them; the release lateness is taken here).
+
 Runs when Redis is at maxmemory (@flags below): it frees memory or holds it
 steady, so a full store keeps draining.
 ]]
@@ -41,11 +44,16 @@ steady, so a full store keeps draining.
 -- @include "dlq"
 -- @include "misfire"
 -- @include "changes"
+-- @include "ops"
 
 if not lease_ok(KEYS[4], ARGV[5], ARGV[6]) then return {NOT_OWNER, 0, 0, -1, 0} end
 local now = now_ms(ARGV[1])
 local prefix, limit, bucket_ms = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local deadline = now + tonumber(ARGV[7])
+local base = shard_base(KEYS[1])
+local paused = pauses(base)
+if paused and paused.all then return {OK, 0, 0, -1, now} end
+local gone, late = {}, late_new()  -- leaving the pending index; release lateness
 local out = {OK, 0, 0, -1, now}
 local claimed, skipped, dead = 0, 0, 0
 local not_sent, claimed_ids, unsent_by_state = {}, {}, {}
@@ -95,15 +103,29 @@ end
 local ids = take_due(KEYS[1], KEYS[2], bucket_ms, now, limit - claimed)
 for _, id in ipairs(ids) do
   local jk = prefix .. id
-  if redis.call('HGET', jk, 'st') == 'SCHEDULED' and redis.call('HEXISTS', jk, 'msg') == 1 then
+  local st, due, task, q = unpack(redis.call('HMGET', jk, 'st', 'due', 'task', 'q'))
+  if st == 'SCHEDULED' and paused and is_paused(paused, task, q) then  -- held back: stays pending
+    redis.call('ZADD', base .. 'held', due, id)
+    skipped = skipped + 1
+  elseif st == 'SCHEDULED' and redis.call('HEXISTS', jk, 'msg') == 1 then
+    ix_push(gone, task, q, id)
     if not held_back(id, jk) then
       redis.call('HSET', jk, 'st', 'CLAIMED')
       emit(id, jk)
+      late_add(late, now - tonumber(due))
     end
   else
+    if st == 'SCHEDULED' then ix_push(gone, task, q, id) end
     skipped = skipped + 1
   end
 end
+ix_flush(base, gone, 'rem')
+late_save(base, 'rl', late)
+local expired, misfired = 0, 0
+for i = 2, #not_sent, 3 do
+  if not_sent[i] == 'EXPIRED' then expired = expired + 1 elseif not_sent[i] == 'SKIPPED' then misfired = misfired + 1 end
+end
+stats_add(base, 'expired', expired, 'skipped', misfired, 'dead', dead)
 if dead > 0 then
   dlq_trim(KEYS[6], prefix, now - tonumber(ARGV[9]), tonumber(ARGV[10]), 1000)
 end

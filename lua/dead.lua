@@ -32,6 +32,7 @@ Returns {code, previous state, dropped}:
 -- @include "attempts"
 -- @include "dlq"
 -- @include "changes"
+-- @include "ops"
 
 local jk, id = KEYS[1], ARGV[2]
 local st = redis.call('HGET', jk, 'st')
@@ -47,5 +48,6 @@ redis.call('ZREM', KEYS[3], id)
 released_rem(KEYS[4], id)
 redis.call('ZADD', KEYS[2], now, id)
 log_change(KEYS[5], ARGV[8], 'DEAD', {id})
+stats_add(shard_base(jk), 'dead', 1, 'queued', st == 'QUEUED' and -1 or 0, 'running', st == 'RUNNING' and -1 or 0)
 local dropped = dlq_trim(KEYS[2], ARGV[3], now - tonumber(ARGV[4]), tonumber(ARGV[5]), 1000)
 return {OK, st or '', dropped}

@@ -22,6 +22,7 @@ Returns {code, previous state}:
 -- @include "common"
 -- @include "attempts"
 -- @include "changes"
+-- @include "ops"
 
 local jk = KEYS[2]
 local st = redis.call('HGET', jk, 'st')
@@ -36,4 +37,5 @@ redis.call('ZREM', KEYS[1], ARGV[2])
 released_rem(KEYS[3], ARGV[2])
 redis.call('PEXPIRE', jk, tonumber(ARGV[3]))
 log_change(KEYS[4], ARGV[6], 'FAILED', {ARGV[2]})
+stats_add(shard_base(jk), 'failed', 1, 'queued', st == 'QUEUED' and -1 or 0, 'running', st == 'RUNNING' and -1 or 0)
 return {OK, st or ''}

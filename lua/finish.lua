@@ -22,17 +22,22 @@ Returns {code, state}:
               changed
 
 Runs when Redis is at maxmemory (@flags below): it frees memory or holds it
-steady, so a full store keeps draining.
+steady, so a full store keeps draining. The shard's stats count the outcome
+and the running / queued gauges (includes/ops.lua).
 ]]
 -- @flags allow-oom
 -- @include "common"
 -- @include "changes"
+-- @include "ops"
 
 local jk = KEYS[1]
 local st, lo, ik = unpack(redis.call('HMGET', jk, 'st', 'lo', 'ik'))
 if not st then return {NOT_FOUND, ''} end
 if st ~= 'RUNNING' or lo ~= ARGV[2] then return {NOT_OWNER, st} end
 local outcome = ARGV[3]
+local base = shard_base(jk)
+stats_add(base, 'running', -1, 'queued', outcome == 'QUEUED' and 1 or 0,
+  'succeeded', outcome == 'SUCCEEDED' and 1 or 0, 'failed', outcome == 'FAILED' and 1 or 0)
 redis.call('HDEL', jk, 'lo', 'lu')
 if outcome == 'QUEUED' then
   redis.call('HSET', jk, 'st', 'QUEUED')

@@ -40,6 +40,7 @@ steady, so a full store keeps draining.
 -- @include "due_index"
 -- @include "dlq"
 -- @include "changes"
+-- @include "ops"
 
 local now = now_ms(ARGV[1])
 local prefix, bucket_ms = ARGV[2], tonumber(ARGV[3])
@@ -65,11 +66,14 @@ for i = 12, #ARGV, 3 do
       redis.call('ZADD', KEYS[5], now, id)
       st, dead = 'DEAD', dead + 1
       dead_ids[#dead_ids + 1] = id
+      stats_add(shard_base(KEYS[1]), 'dead', 1)
     else
       local tries = redis.call('HINCRBY', jk, 'claims', 0)  -- back off by how often it was claimed
       local due = now + math.min(cap, base * 2 ^ math.max(0, tries - 1))
       redis.call('HSET', jk, 'st', 'SCHEDULED', 'due', due, 'reason', reason)
       due_add(KEYS[1], KEYS[2], id, due, bucket_ms)
+      local task, q = unpack(redis.call('HMGET', jk, 'task', 'q'))
+      ix_add(shard_base(KEYS[1]), task, q, id, due)
       if (not earliest_back) or due < earliest_back then earliest_back = due end
       st = 'SCHEDULED'
       back_ids[#back_ids + 1] = id

@@ -44,6 +44,12 @@ because they expired (Celery's `expires`: state EXPIRED) or missed
 max_lateness with misfire 'skip' (SKIPPED) or 'dead' (DEAD): those are listed
 at the end, so the caller can report them (result backend, events).
 
+Pauses (includes/ops.lua): with 'all' paused nothing is released (next_due
+-1); a due job of a paused task or queue moves to the shard's held set
+(still SCHEDULED, counted as skipped) until a resume. Released and unsent
+jobs leave the pending index; the shard's stats count them, with the
+release lateness (now - due) of each released job.
+
 Runs when Redis is at maxmemory (@flags below): it frees memory or holds it
 steady, so a full store keeps draining.
 ]]
@@ -54,11 +60,16 @@ steady, so a full store keeps draining.
 -- @include "misfire"
 -- @include "changes"
 -- @include "destination"
+-- @include "ops"
 
 if not lease_ok(KEYS[4], ARGV[5], ARGV[6]) then return {NOT_OWNER, 0, 0, -1, 0} end
 local now = now_ms(ARGV[1])
 local prefix, limit, bucket_ms = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local ttl, gkp, dead_queue = tonumber(ARGV[7]), ARGV[8], ARGV[9]
+local base = shard_base(KEYS[1])
+local paused = pauses(base)
+if paused and paused.all then return {OK, 0, 0, -1, now} end
+local gone, late = {}, late_new()  -- leaving the pending index; release lateness
 local ids = take_due(KEYS[1], KEYS[2], bucket_ms, now, limit)
 local out = {OK, 0, 0, -1, now}
 local released, skipped, dead = 0, 0, 0
@@ -77,13 +88,19 @@ for _, id in ipairs(ids) do
   -- The fields every release needs first; the rarer ones (named exchange, the
   -- publish-path fallback, due for a misfire check) only when they matter:
   -- fewer fields read per job is a measurably faster release.
-  local st, msg, lk, ev, exp, ml, mf = unpack(redis.call('HMGET', jk, 'st', 'msg', 'lk', 'ev', 'exp', 'ml', 'mf'))
+  local st, msg, lk, ev, exp, ml, mf, due, task, q = unpack(redis.call('HMGET', jk, 'st', 'msg', 'lk', 'ev', 'exp',
+    'ml', 'mf', 'due', 'task', 'q'))
   local sendable = st == 'SCHEDULED' and msg
-  local bx, rk, ps, q, due = false, false, false, false, false
-  if sendable then
-    if ml then due = redis.call('HGET', jk, 'due') end
-    if not lk then bx, rk, ps, q = unpack(redis.call('HMGET', jk, 'bx', 'rk', 'ps', 'q')) end
+  if st == 'SCHEDULED' then
+    if paused and is_paused(paused, task, q) then  -- held back: stays pending, out of the due set
+      redis.call('ZADD', base .. 'held', due, id)
+      sendable = false
+    else
+      ix_push(gone, task, q, id)
+    end
   end
+  local bx, rk, ps = false, false, false
+  if sendable and not lk then bx, rk, ps = unpack(redis.call('HMGET', jk, 'bx', 'rk', 'ps')) end
   local unsent, why = nil, nil
   if sendable then unsent, why = unsendable(now, due, exp, ml, mf) end
   if unsent then
@@ -112,6 +129,7 @@ for _, id in ipairs(ids) do
     released_add(KEYS[6], id, due or redis.call('HGET', jk, 'due'))
     sent_ids[#sent_ids + 1] = id
     released = released + 1
+    late_add(late, now - tonumber(due))
     out[#out + 1] = id
     out[#out + 1] = ev or ''
   else
@@ -119,6 +137,13 @@ for _, id in ipairs(ids) do
   end
 end
 flush()
+ix_flush(base, gone, 'rem')
+local expired, misfired = 0, 0
+for i = 2, #not_sent, 3 do
+  if not_sent[i] == 'EXPIRED' then expired = expired + 1 elseif not_sent[i] == 'SKIPPED' then misfired = misfired + 1 end
+end
+stats_add(base, 'released', released, 'queued', released, 'expired', expired, 'skipped', misfired, 'dead', dead)
+late_save(base, 'rl', late)
 if dead > 0 then
   dlq_trim(KEYS[5], prefix, now - tonumber(ARGV[10]), tonumber(ARGV[11]), 1000)
 end

@@ -29,11 +29,13 @@ Returns {due ms, then per id, in order: code, state}:
 -- @include "due_index"
 -- @include "changes"
 -- @include "eta"
+-- @include "ops"
 
 local now = now_ms(ARGV[1])
 local prefix, bucket_ms = ARGV[2], tonumber(ARGV[4])
 local due = due_from(ARGV[3], now)
 local out, requeued = {due}, {}
+local base = shard_base(KEYS[1])
 for i = 8, #ARGV do
   local id = ARGV[i]
   local jk = prefix .. id
@@ -55,11 +57,14 @@ for i = 8, #ARGV do
     redis.call('HSET', jk, 'st', 'SCHEDULED', 'due', due, 'retries', 0, 'requeued_at', now)
     redis.call('HINCRBY', jk, 'requeued', 1)
     due_add(KEYS[1], KEYS[2], id, due, bucket_ms)
+    local task, q = unpack(redis.call('HMGET', jk, 'task', 'q'))
+    ix_add(base, task, q, id, due)
     requeued[#requeued + 1] = id
   end
   out[#out + 1] = code
   out[#out + 1] = st or ''
 end
+stats_add(base, 'requeued', #requeued)
 if #requeued > 0 then maybe_wake(KEYS[3], ARGV[5], ARGV[6], due) end
 log_change(KEYS[5], ARGV[7], 'SCHEDULED', requeued)
 return out

@@ -45,6 +45,7 @@ meanwhile: dropped from the released set).
 -- @include "due_index"
 -- @include "changes"
 -- @include "destination"
+-- @include "ops"
 
 local now = now_ms(ARGV[1])
 local prefix, mode, max = ARGV[2], ARGV[3], tonumber(ARGV[4])
@@ -110,12 +111,17 @@ for i = 12, #ARGV do
     redis.call('PERSIST', jk)
     redis.call('ZREM', KEYS[1], id)
     due_add(KEYS[2], KEYS[3], id, now, bucket_ms)
+    local task, q = unpack(redis.call('HMGET', jk, 'task', 'q'))
+    ix_add(shard_base(KEYS[2]), task, q, id, now)  -- pending again: in the index, out of the queued gauge
     back[#back + 1] = id
     outcome = 'rereleased'
   end
   out[#out + 1] = id
   out[#out + 1] = outcome
 end
-if #back > 0 then maybe_wake(KEYS[4], ARGV[9], ARGV[10], now) end
+if #back > 0 then
+  maybe_wake(KEYS[4], ARGV[9], ARGV[10], now)
+  stats_add(shard_base(KEYS[2]), 'queued', -#back)
+end
 log_change(KEYS[5], ARGV[11], 'SCHEDULED', back)
 return out

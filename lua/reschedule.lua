@@ -19,14 +19,17 @@ Returns {code, state, due}:
   OK           moved; due = the new due time, epoch ms
   NOT_FOUND    no such job
   WRONG_STATE  not SCHEDULED any more (state says what it is); nothing changed
+Its pending-index entry moves with it; a job a pause held back goes back to
+the due set (released, or held again, when due).
 ]]
 -- @include "common"
 -- @include "due_index"
 -- @include "changes"
 -- @include "eta"
+-- @include "ops"
 
 local jk, id = KEYS[4], ARGV[2]
-local st, due = unpack(redis.call('HMGET', jk, 'st', 'due'))
+local st, due, task, q = unpack(redis.call('HMGET', jk, 'st', 'due', 'task', 'q'))
 if not st then return {NOT_FOUND, '', 0} end
 if st ~= 'SCHEDULED' then return {WRONG_STATE, st, 0} end
 local bucket_ms = tonumber(ARGV[4])
@@ -36,6 +39,9 @@ due_add(KEYS[1], KEYS[2], id, new_due, bucket_ms)
 redis.call('HSET', jk, 'due', new_due)
 local msg = redis.call('HGET', jk, 'msg')
 if msg then redis.call('HSET', jk, 'msg', with_eta(msg, new_due)) end
+local base = shard_base(jk)
+ix_add(base, task, q, id, new_due)
+redis.call('ZREM', base .. 'held', id)
 maybe_wake(KEYS[3], ARGV[5], ARGV[6], new_due)
 log_change(KEYS[5], ARGV[7], 'SCHEDULED', {id})
 return {OK, st, new_due}

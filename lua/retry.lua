@@ -33,11 +33,14 @@ Returns {code, previous state, due ms}:
   UNCHANGED    it is SCHEDULED already (a duplicate delivery retried first)
   WRONG_STATE  it is CANCELLED or finished (state says which): nothing changed
   NOT_OWNER    it is RUNNING under another execution's lease: nothing changed
+The job is indexed again by task and queue; the shard's stats count the retry
+and the gauges of the state it leaves (includes/ops.lua).
 ]]
 -- @include "common"
 -- @include "due_index"
 -- @include "attempts"
 -- @include "changes"
+-- @include "ops"
 
 local jk, id = KEYS[5], ARGV[2]
 local st, old_due = unpack(redis.call('HMGET', jk, 'st', 'due'))
@@ -59,6 +62,10 @@ redis.call('PERSIST', jk)  -- a released record was set to expire
 redis.call('ZREM', KEYS[4], id)  -- a CLAIMED job: its late ack must not touch it
 released_rem(KEYS[6], id)
 due_add(KEYS[1], KEYS[2], id, due, bucket_ms)
+local base = shard_base(jk)
+local task, q = unpack(redis.call('HMGET', jk, 'task', 'q'))
+ix_add(base, task, q, id, due)
+stats_add(base, 'retried', 1, 'queued', st == 'QUEUED' and -1 or 0, 'running', st == 'RUNNING' and -1 or 0)
 maybe_wake(KEYS[3], ARGV[5], ARGV[6], due)
 log_change(KEYS[7], ARGV[10], 'SCHEDULED', {id})
 return {OK, st or '', due}

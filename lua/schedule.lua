@@ -23,11 +23,14 @@ A job whose id is taken is not written, except that a job with a `gen` field
 (a later generation of an idempotency key's job) replaces a CANCELLED record
 of the generation before it: a cancel frees the key, and the worker side
 refuses the old generation's messages (start.lua compares `gen`).
+Each stored job is also indexed by task and queue, and counted (`scheduled`)
+in the shard's stats (includes/ops.lua).
 Returns one entry per job, in order: '=<due ms>' when stored;
 '<state>|<due>|<gen>' of the record already held under that id.
 ]]
 -- @include "common"
 -- @include "due_index"
+-- @include "ops"
 
 local call = redis.call
 local NONE = {false}
@@ -44,10 +47,16 @@ end
 for j = 7, at - 1, 2 do rec[#rec + 1] = ARGV[j]; rec[#rec + 1] = field_value(ARGV[j], ARGV[j + 1]) end
 local base, nf = #rec, tonumber(ARGV[at])
 local names, gen_at, exp_at = {}, nil, nil
+local task_at, q_at, task0, q0 = nil, nil, nil, nil  -- the pending index: own fields, or shared ones
+for j = 7, at - 2, 2 do
+  if ARGV[j] == 'task' then task0 = ARGV[j + 1] elseif ARGV[j] == 'q' then q0 = ARGV[j + 1] end
+end
 for f = 1, nf do
   names[f] = ARGV[at + f]
-  if names[f] == 'gen' then gen_at = f elseif names[f] == 'exp' then exp_at = f end
+  if names[f] == 'gen' then gen_at = f elseif names[f] == 'exp' then exp_at = f
+  elseif names[f] == 'task' then task_at = f elseif names[f] == 'q' then q_at = f end
 end
+local ix, stored = {}, 0
 
 local out, n, i, earliest_new, zs = {}, #ARGV, at + nf + 1, nil, {}
 while i <= n do
@@ -80,10 +89,17 @@ while i <= n do
       if #zs >= 512 then call('ZADD', KEYS[1], unpack(zs)); zs = {} end
     end
     if (not earliest_new) or due < earliest_new then earliest_new = due end
+    ix_push(ix, task_at and ARGV[i + 1 + task_at] or task0, q_at and ARGV[i + 1 + q_at] or q0, due, id)
+    stored = stored + 1
     out[#out + 1] = '=' .. due
   end
   i = i + 2 + nf
 end
 if #zs > 0 then call('ZADD', KEYS[1], unpack(zs)) end
+if stored > 0 then
+  local base = shard_base(KEYS[1])
+  ix_flush(base, ix, 'add')
+  stats_add(base, 'scheduled', stored)
+end
 if earliest_new then maybe_wake(KEYS[3], channel, shard, earliest_new) end
 return out

@@ -30,19 +30,31 @@ Returns {code, state, attempt, lease_until, why}:
                was cancelled and its idempotency key used again)
 A RUNNING job whose lease has passed (its worker died) is taken over (OK).
 
+The shard's stats (includes/ops.lua) count each start (with its start
+lateness, now - due, unless it takes over a RUNNING job), the running and
+queued gauges, and each delivery refused as a duplicate (not a cancelled one).
+
 Runs when Redis is at maxmemory (@flags below): it frees memory or holds it
 steady, so a full store keeps draining.
 ]]
 -- @flags allow-oom
 -- @include "common"
 -- @include "changes"
+-- @include "ops"
 
 local jk = KEYS[1]
-local st, lo, lu, att, gen = unpack(redis.call('HMGET', jk, 'st', 'lo', 'lu', 'att', 'gen'))
+local st, lo, lu, att, gen, due = unpack(redis.call('HMGET', jk, 'st', 'lo', 'lu', 'att', 'gen', 'due'))
 if not st then return {NOT_FOUND, '', 0, 0, ''} end
 att = tonumber(att or 0)
-if (tonumber(ARGV[5]) or 0) ~= (tonumber(gen) or 0) then return {WRONG_STATE, st, att, 0, 'superseded'} end
-if st ~= 'QUEUED' and st ~= 'CLAIMED' and st ~= 'RUNNING' then return {WRONG_STATE, st, att, 0, ''} end
+local base = shard_base(jk)
+if (tonumber(ARGV[5]) or 0) ~= (tonumber(gen) or 0) then
+  stats_add(base, 'duplicates', 1)
+  return {WRONG_STATE, st, att, 0, 'superseded'}
+end
+if st ~= 'QUEUED' and st ~= 'CLAIMED' and st ~= 'RUNNING' then
+  if st ~= 'CANCELLED' then stats_add(base, 'duplicates', 1) end
+  return {WRONG_STATE, st, att, 0, ''}
+end
 local now = now_ms(ARGV[1])
 lu = tonumber(lu or 0)
 if st == 'RUNNING' and lo ~= ARGV[2] and lu > now then return {BUSY, st, att, lu, ''} end
@@ -55,4 +67,14 @@ log_change(KEYS[3], ARGV[7], 'RUNNING', {ARGV[6]})
 -- A running job's record must outlive the run: the TTL set at release is for
 -- records nobody starts; finish.lua sets the next one.
 redis.call('PERSIST', jk)
+if st == 'RUNNING' then
+  stats_add(base, 'started', 1)  -- a takeover: it was counted running already
+else
+  stats_add(base, 'started', 1, 'running', 1, 'queued', st == 'QUEUED' and -1 or 0)
+  if due then
+    local h = late_new()
+    late_add(h, now - tonumber(due))
+    late_save(base, 'sl', h)
+  end
+end
 return {OK, 'RUNNING', att, lu, ''}

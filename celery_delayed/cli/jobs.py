@@ -1,10 +1,11 @@
-"""``celery -A proj delayed list | show | cancel``: pending jobs and one job."""
+"""``celery -A proj delayed list | show | cancel``: pending jobs, one job, cancelling one or in bulk."""
 
 from __future__ import annotations
 
 import click
 
 from ..cancellation import cancel_job
+from ..controls import cancel_matching
 from ..store import Pending, get_store
 from ._common import app_of, delayed, errors, fmt_ms, json_line, paged, show_record
 
@@ -38,10 +39,30 @@ def show(ctx: click.Context, job_id: str) -> None:
 
 
 @delayed.command()
-@click.argument("job_id")
+@click.argument("job_id", required=False)
+@click.option("--task", default=None, help="Cancel every scheduled job of this task name (bulk).")
+@click.option("--queue", default=None, help="Cancel every scheduled job of this queue (bulk).")
+@click.option("--due-after", "due_after", default=None, type=float,
+              help="Bulk: only jobs due at least this many seconds from now (negative: in the past).")
+@click.option("--due-before", "due_before", default=None, type=float,
+              help="Bulk: only jobs due at most this many seconds from now.")
 @click.pass_context
-def cancel(ctx: click.Context, job_id: str) -> None:
-    """Cancel a scheduled or queued job."""
+def cancel(ctx: click.Context, job_id: str | None, task: str | None, queue: str | None,
+           due_after: float | None, due_before: float | None) -> None:
+    """Cancel a scheduled or queued job, or in bulk the scheduled jobs of --task / --queue in a due window."""
+    bulk = bool(task or queue)
+    if bool(job_id) == bulk:
+        raise click.UsageError("give either a JOB_ID or --task / --queue")
+    if not bulk and (due_after is not None or due_before is not None):
+        raise click.UsageError("--due-after / --due-before go with --task / --queue")
     with errors():
-        prev = cancel_job(get_store(app_of(ctx)), job_id)
-    click.echo(f"cancelled {job_id} (was {prev})")
+        store = get_store(app_of(ctx))
+        if job_id:
+            prev = cancel_job(store, job_id)
+            click.echo(f"cancelled {job_id} (was {prev})")
+            return
+        now = store.now_ms()
+        lo = None if due_after is None else now + int(due_after * 1000)
+        hi = None if due_before is None else now + int(due_before * 1000)
+        ids = cancel_matching(app_of(ctx), task=task, queue=queue, due_from=lo, due_to=hi)
+    click.echo(f"cancelled {len(ids)} job(s)")

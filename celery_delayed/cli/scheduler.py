@@ -10,7 +10,9 @@ from types import FrameType
 from typing import Any
 
 import click
+from celery import Celery
 
+from ..config import get_config
 from ..errors import StoreUnavailable
 from ..store import ServerHealth, ShardStatus, Store, get_store
 from ._common import app_of, delayed, errors, fmt_ms
@@ -19,8 +21,10 @@ from ._common import app_of, delayed, errors, fmt_ms
 @delayed.command()
 @click.option("--loglevel", "-l", default="INFO", show_default=True, help="Logging level.",
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], case_sensitive=False))
+@click.option("--metrics-port", type=click.IntRange(1, 65535), default=None,
+              help="Serve Prometheus metrics on this port (default: delayed_metrics_port; none when unset).")
 @click.pass_context
-def run(ctx: click.Context, loglevel: str) -> None:
+def run(ctx: click.Context, loglevel: str, metrics_port: int | None) -> None:
     """Run the scheduler until SIGTERM or SIGINT."""
     from ..scheduler import Scheduler
 
@@ -35,6 +39,7 @@ def run(ctx: click.Context, loglevel: str) -> None:
             sched.preflight()  # settings that disagree with the store's: refuse before joining
         except StoreUnavailable as exc:
             logging.getLogger("celery_delayed.scheduler").warning("store unavailable at start (%s); retrying", exc)
+    exporter = start_metrics(app, metrics_port)
 
     def _stop(signum: int, frame: FrameType | None) -> None:
         sched.stop()
@@ -48,8 +53,24 @@ def run(ctx: click.Context, loglevel: str) -> None:
     thread.start()
     while thread.is_alive():
         thread.join(1.0)
+    if exporter is not None:
+        exporter.shutdown()
     if sched.fatal is not None:
         raise click.ClickException(str(sched.fatal))
+
+
+def start_metrics(app: Celery, port: int | None) -> Any:
+    """Start the metrics exporter on ``port`` (or ``delayed_metrics_port``); None when neither is set."""
+    cfg = get_config(app)
+    port = port or cfg.metrics_port
+    if port is None:
+        return None
+    from ..metrics import serve
+
+    try:
+        return serve(app, port, cfg.metrics_address)
+    except (ImportError, OSError) as exc:
+        raise click.ClickException(f"cannot serve metrics on {cfg.metrics_address}:{port}: {exc}") from exc
 
 
 @delayed.command()
@@ -66,9 +87,10 @@ def status(ctx: click.Context, as_json: bool) -> None:
         members = store.live_members()
         warnings = ServerHealth(store).warnings()
         mirror = _mirror_lag(store) if store.config.database_url else None
+        paused = store.pauses()
     if as_json:
         click.echo(json.dumps({"shards": rows, "schedulers": members, "warnings": warnings, "mirror": mirror,
-                               "eta_fallbacks": fallbacks.as_dict()}))
+                               "eta_fallbacks": fallbacks.as_dict(), "paused": paused}))
         return
     click.echo(f"{'shard':>5} {'pending':>9} {'overdue':>8} {'inflight':>8}  next due / oldest overdue")
     for r in rows:
@@ -88,6 +110,8 @@ def status(ctx: click.Context, as_json: bool) -> None:
         click.echo(f"eta fallbacks: {fallbacks.count} delayed send(s) went to the broker as ETA messages, "
                    f"not the store; last at {fmt_ms(fallbacks.last_ms)}: {fallbacks.last_task}: "
                    f"{fallbacks.last_reason}")
+    if paused:
+        click.echo("paused: " + ", ".join(f"{flag} (since {fmt_ms(since)})" for flag, since in sorted(paused.items())))
     for w in warnings:
         click.echo(f"WARNING: {w}")
 

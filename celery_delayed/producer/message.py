@@ -44,6 +44,8 @@ MESSAGE_OPTIONS = frozenset(
         "soft_time_limit", "ignore_result", "link", "link_error", "reply_to",
         "root_id", "parent_id", "shadow", "group_id", "group_index", "chord", "chain",
         "stamped_headers", "origin", "replaced_task_nesting",
+        # what monitors and the dashboard show instead of the arguments (redaction), as apply_async
+        "argsrepr", "kwargsrepr",
     }
 )
 #: Task attributes that are defaults for the options above (as ``apply_async``,
@@ -208,7 +210,7 @@ def build_message(
 _PROTOCOL_OPTIONS = (
     "expires", "time_limit", "soft_time_limit", "ignore_result", "link", "link_error", "reply_to",
     "root_id", "parent_id", "shadow", "chain", "chord", "group_id", "group_index", "origin",
-    "replaced_task_nesting",
+    "replaced_task_nesting", "argsrepr", "kwargsrepr",
 )
 
 
@@ -258,7 +260,7 @@ def _create_task_message(
             p["reply_to"] or app.thread_oid, p["time_limit"], p["soft_time_limit"],
             app.conf.task_send_sent_event, p["root_id"], p["parent_id"], p["shadow"], p["chain"],
             ignore_result=p["ignore_result"], origin=p["origin"],
-            replaced_task_nesting=p["replaced_task_nesting"] or 0,
+            replaced_task_nesting=p["replaced_task_nesting"] or 0, argsrepr=p["argsrepr"], kwargsrepr=p["kwargsrepr"],
             **({"stamped_headers": list(stamps), **stamps} if stamps else {}),
         )
     except (TypeError, ValueError) as exc:

@@ -23,9 +23,9 @@ from celery import Celery
 from kombu.exceptions import OperationalError
 
 from ..config import get_config
+from ..doctor import PROBLEM, store_findings
 from ..errors import ConfigurationError, LeaseLost, StoreFull, StoreUnavailable
-from ..store import ServerHealth, Store
-from ..store.health import UNCHECKED
+from ..store import Store
 from .maintenance import Maintenance
 from .mover import Mover, make_mover
 from .wakeup import WakeListener
@@ -271,7 +271,7 @@ class Scheduler:
         self.maintenance.start()
 
     def preflight(self) -> list[str]:
-        """Check the store before joining; return (and log) the warnings about its server.
+        """Check the store before joining; return (and log) what ``delayed doctor`` finds wrong with it.
 
         Raises:
             ConfigurationError: this scheduler's settings disagree with the
@@ -286,9 +286,13 @@ class Scheduler:
             rows = get_rows(self.app)
             assert rows is not None
             rows.check_schema()
-        warnings = ServerHealth(self.store).warnings()
-        for w in warnings:
-            logger.log(logging.WARNING if w.startswith(UNCHECKED) else logging.ERROR, "celery-delayed store: %s", w)
+        warnings = []
+        for f in store_findings(self.store):
+            if f.level == "ok":
+                continue
+            text = f"{f.message}; {f.fix}" if f.fix else f.message
+            logger.log(logging.ERROR if f.level == PROBLEM else logging.WARNING, "celery-delayed store: %s", text)
+            warnings.append(text)
         self._checked = True
         return warnings
 

@@ -28,7 +28,7 @@ from ..errors import ConfigurationError, InvalidOption, InvalidState, JobNotFoun
 from ..vocab import ETA_FALLBACK_LAST, ETA_FALLBACKS, Field, JobState, Reply
 from .broker_layout import BrokerLayout, same_redis
 from .client import make_client, translate_errors
-from .keys import Keys, shard_for
+from .keys import Keys, ShardKeys, index_part, parse_index_part, shard_for
 from .lane import Lanes
 from .loader import Arg, Script, Scripts, scripts
 from .records import NEW_JOB_FIELDS, Batch, NewJob, Outcome, Scheduled, Started
@@ -97,6 +97,10 @@ class Store:
     def logs_changes(self) -> str:
         """ARGV of the scripts that change a job: '1' when a database mirrors the store (the change log)."""
         return "1" if self.config.database_url else ""
+
+    def _change_log(self, sk: ShardKeys) -> list[str]:
+        """KEYS of the scripts whose change log is optional: the shard's, when a database mirrors the store."""
+        return [sk.changes] if self.config.database_url else []
 
     @property
     def direct(self) -> bool:
@@ -195,6 +199,10 @@ class Store:
                 f"delayed_release_mode is 'direct', but the broker {broker_url(self.app.conf)!r} is {why} than "
                 f"the store's: the release script pushes onto the store server's lists, which no worker of this "
                 "broker reads. Use delayed_release_mode 'auto' or 'publish'")
+
+    def layout(self) -> dict[str, str]:
+        """The ``shards`` and ``bucket_ms`` recorded when the store was created (empty: none yet); reads only."""
+        return {str(k): str(v) for k, v in self.client.hgetall(self.keys.layout).items()}
 
     def shard_of(self, job_id: str, shard_key: str | None = None) -> int:
         """The shard a job lives in: ``crc32(shard_key or job_id) % delayed_shards``."""
@@ -311,6 +319,11 @@ class Store:
         rec.pop(Field.MESSAGE, None)
         rec["id"], rec["shard"] = job_id, str(s)
         return rec
+
+    def message(self, job_id: str, shard: int) -> str | None:
+        """The job's stored kombu envelope (JSON), while it has one (until release), else None."""
+        msg = self.client.hget(self.keys.shard(shard).job(job_id), Field.MESSAGE)
+        return None if msg is None else str(msg)
 
     def cancel(
         self, job_id: str, shard: int | None = None, now_ms: int | None = None, running: bool = False,
@@ -771,6 +784,131 @@ class Store:
             self.scripts.note_fallback, [self.keys.shard(shard).stats],
             [_now(now_ms), ETA_FALLBACKS, ETA_FALLBACK_LAST, what],
         ))
+
+    # -- operators' controls (pause, resume, promote, cancel matching) ------------------------
+
+    def _pause_call(self, shard: int, now_ms: int | None, args: Sequence[Arg]) -> tuple[list[str], list[Arg]]:
+        sk = self.keys.shard(shard)
+        return ([sk.paused, sk.held, sk.due, sk.buckets, sk.next],
+                [_now(now_ms), sk.job_prefix, self.config.bucket_ms, self.keys.wake, shard, *args])
+
+    def pause(self, flags: Sequence[str], now_ms: int | None = None) -> None:
+        """Set pause flags on every shard (``pause.lua``): ``all``, ``task:<name>``, ``queue:<name>``."""
+        self.check_layout()
+        self._run_many(self.scripts.pause, [self._pause_call(s, now_ms, ["pause", 0, 0, *flags])
+                                            for s in range(self.config.shards)])
+
+    def resume(self, flags: Sequence[str] = (), now_ms: int | None = None, batch: int = 1000) -> int:
+        """Clear pause flags on every shard (none given: all of them) and put back the jobs they held.
+
+        Returns how many held jobs went back to the due set (released at
+        once, the misfire policy applying to them as to any late job).
+        """
+        self.check_layout()
+        moved = 0
+        for s in range(self.config.shards):
+            at = 0
+            while at >= 0:
+                n, at = self._run(self.scripts.pause, *self._pause_call(s, now_ms, ["resume", batch, at, *flags]))
+                moved += int(n)
+        return moved
+
+    def pauses(self) -> dict[str, int]:
+        """The pause flags in force (any shard's), each with when it was set (epoch ms)."""
+        pipe = self.client.pipeline(transaction=False)
+        for s in range(self.config.shards):
+            pipe.hgetall(self.keys.shard(s).paused)
+        out: dict[str, int] = {}
+        for flags in pipe.execute():
+            for flag, since in flags.items():
+                out[str(flag)] = min(int(float(since)), out.get(str(flag), 1 << 62))
+        return out
+
+    def index_parts(self, shard: int, task: str | None = None, queue: str | None = None) -> list[str]:
+        """The pending-index parts of a shard (``<n>:<task>:<queue>``), of one task and/or queue if given."""
+        parts = [str(p) for p in self.client.smembers(self.keys.shard(shard).index_parts)]
+        if task is not None and queue is not None:
+            return [p for p in parts if p == index_part(task, queue)]
+        return [p for p in parts if _part_matches(p, task, queue)]
+
+    def promote(self, job_id: str, shard: int | None = None, now_ms: int | None = None) -> int:
+        """Make a scheduled job due now ("run now", ``promote.lua``); return its due time (epoch ms).
+
+        Raises:
+            JobNotFound: no such job.
+            InvalidState: it is not SCHEDULED any more.
+        """
+        s = self.locate(job_id, shard)
+        sk = self.keys.shard(s)
+        _n, now, state = self._run(
+            self.scripts.promote, [sk.due, sk.buckets, sk.next, *self._change_log(sk)],
+            [_now(now_ms), sk.job_prefix, self.config.bucket_ms, self.keys.wake, s, 1, "ids", job_id],
+        )
+        if not state:
+            raise JobNotFound(job_id)
+        if state != JobState.SCHEDULED:
+            raise InvalidState(job_id, str(state), "promote")
+        return int(now)
+
+    def promote_matching(self, task: str | None = None, queue: str | None = None, now_ms: int | None = None,
+                         batch: int = 1000) -> int:
+        """Make every scheduled job of a task and/or queue due now, a batch per call; return how many.
+
+        Raises:
+            InvalidOption: neither a task nor a queue.
+        """
+        _need_match(task, queue)
+        total = 0
+        for s in range(self.config.shards):
+            parts = self.index_parts(s, task, queue)
+            sk = self.keys.shard(s)
+            while parts:
+                n = int(self._run(
+                    self.scripts.promote, [sk.due, sk.buckets, sk.next, *self._change_log(sk)],
+                    [_now(now_ms), sk.job_prefix, self.config.bucket_ms, self.keys.wake, s, batch, "index", *parts],
+                )[0])
+                total += n
+                if n < batch:
+                    break
+        return total
+
+    def cancel_matching(self, task: str | None = None, queue: str | None = None, due_from_ms: int | None = None,
+                        due_to_ms: int | None = None, now_ms: int | None = None, batch: int = 1000) -> list[str]:
+        """Cancel the scheduled jobs of a task and/or queue due in a window (``cancel_matching.lua``).
+
+        Bounded by what matches (read from the pending index), a batch per
+        call, each call atomic on its shard. Returns the ids cancelled.
+
+        Raises:
+            InvalidOption: neither a task nor a queue.
+        """
+        _need_match(task, queue)
+        lo = "-inf" if due_from_ms is None else str(int(due_from_ms))
+        hi = "+inf" if due_to_ms is None else str(int(due_to_ms))
+        out: list[str] = []
+        for s in range(self.config.shards):
+            parts = self.index_parts(s, task, queue)
+            sk = self.keys.shard(s)
+            while parts:
+                ids = [str(i) for i in self._run(
+                    self.scripts.cancel_matching, [sk.due, sk.buckets, *self._change_log(sk)],
+                    [_now(now_ms), sk.job_prefix, self.config.bucket_ms, self.config.record_ttl_ms, lo, hi, batch,
+                     *parts],
+                )]
+                out += ids
+                if len(ids) < batch:
+                    break
+        return out
+
+
+def _need_match(task: str | None, queue: str | None) -> None:
+    if not task and not queue:
+        raise InvalidOption("give a task name or a queue (or both) to match jobs by")
+
+
+def _part_matches(part: str, task: str | None, queue: str | None) -> bool:
+    t, q = parse_index_part(part)
+    return (task is None or t == task) and (queue is None or q == queue)
 
 
 class WakeSubscription:

@@ -18,9 +18,19 @@ so a script that touches one shard touches one slot::
                                               reconciler's candidates
     {prefix}:{<s>}:changes             STREAM state changes for the database mirror
                                               (only with delayed_database_url)
-    {prefix}:{<s>}:stats               HASH   the shard's counters (e.g. eta_fallbacks: delayed sends
-                                              interception sent to the broker; the sum over shards
-                                              is the fleet's figure)
+    {prefix}:{<s>}:stats               HASH   counters, gauges and lateness histograms (see
+                                              ``lua/includes/ops.lua`` and ``stats.py``; eta_fallbacks:
+                                              delayed sends interception sent to the broker); the sum
+                                              over shards is the fleet's figure
+    {prefix}:{<s>}:ix:<n>:<task>:<q>   ZSET   scheduled jobs of one task and queue: id -> due
+                                              (<n>: the task name's length in UTF-8 bytes)
+    {prefix}:{<s>}:ixs                 SET    the ``<n>:<task>:<q>`` parts of the shard's ix keys
+    {prefix}:{<s>}:paused              HASH   pause flags ("all", "task:<name>", "queue:<name>")
+                                              -> since (epoch ms)
+    {prefix}:{<s>}:held                ZSET   due jobs a pause holds back: id -> due
+
+(the scripts derive the last five from the shard's base, ``{prefix}:{<s>}:``,
+of a key they are given: ``lua/includes/ops.lua``)
 
 and, outside any shard::
 
@@ -138,3 +148,32 @@ class ShardKeys:
 
     def job(self, job_id: str) -> str:
         return f"{self.base}:job:{job_id}"
+
+    @property
+    def paused(self) -> str:
+        return f"{self.base}:paused"
+
+    @property
+    def held(self) -> str:
+        return f"{self.base}:held"
+
+    @property
+    def index_parts(self) -> str:
+        return f"{self.base}:ixs"
+
+    def index(self, part: str) -> str:
+        """The pending index of one ``index_part(task, queue)``."""
+        return f"{self.base}:ix:{part}"
+
+
+def index_part(task: str, queue: str) -> str:
+    """``<n>:<task>:<queue>``, n the task name's length in UTF-8 bytes (as ``lua/includes/ops.lua`` forms it)."""
+    return f"{len(task.encode('utf-8'))}:{task}:{queue}"
+
+
+def parse_index_part(part: str) -> tuple[str, str]:
+    """(task, queue) of an index part (the inverse of :func:`index_part`)."""
+    n, _, rest = part.partition(":")
+    raw = rest.encode("utf-8")
+    size = int(n)
+    return raw[:size].decode("utf-8"), raw[size + 1:].decode("utf-8")

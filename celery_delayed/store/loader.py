@@ -116,6 +116,10 @@ class Scripts:
         self.purge_dead = Script("purge_dead", flags)
         # interception: delayed sends that went to the broker
         self.note_fallback = Script("note_fallback", flags)
+        # operators' controls
+        self.pause = Script("pause", flags)
+        self.promote = Script("promote", flags)
+        self.cancel_matching = Script("cancel_matching", flags)
 
     def all(self) -> list[Script]:
         """Every script, in declaration order."""

@@ -121,13 +121,16 @@ class Pending:
         self.url = store.url
 
     def page(self, task: str | None = None, offset: int = 0, limit: int = 50) -> list[dict[str, Any]]:
-        """Scheduled jobs, earliest due first over all shards, optionally of one task.
+        """Scheduled jobs, earliest due first over all shards, optionally of one task (read from the pending index).
 
         Each row: ``id``, ``shard``, ``due`` (epoch ms), ``task``, ``queue``, ``st``.
         """
         _check_page(offset, limit)
         store = self.store
-        streams = [self._shard_stream(s, k) for s in range(store.config.shards) for k in _due_keys(store, s)]
+        keys = [(s, store.keys.shard(s).index(p)) for s in range(store.config.shards)
+                for p in store.index_parts(s, task)] if task else \
+            [(s, k) for s in range(store.config.shards) for k in [*_due_keys(store, s), store.keys.shard(s).held]]
+        streams = [self._shard_stream(s, k) for s, k in keys]
         merged = heapq.merge(*streams)
         out: list[dict[str, Any]] = []
         skipped = 0
@@ -212,6 +215,56 @@ class Pending:
             for jid, due in page:
                 yield (int(due), shard, str(jid))
             start += len(page)
+
+    def window(self, after: tuple[int, str, str] | None = None, limit: int = 50, task: str | None = None,
+               queue: str | None = None) -> tuple[list[dict[str, Any]], tuple[int, str, str] | None]:
+        """One page of scheduled jobs in due order, after a cursor; return the rows and the next cursor.
+
+        ``after``: the cursor of the previous page, (due ms, set key, id):
+        jobs are ordered by due time, then by the sorted set holding them,
+        then by id. A task and/or queue reads the pending index; otherwise
+        the due sets (and the jobs a pause holds). Each page costs three
+        pipelined round trips of at most ``limit`` entries per set, however
+        deep it is: no page scans the store. Rows as :meth:`page`, with
+        ``ik`` (the idempotency key) and ``created``.
+        """
+        _check_page(0, limit)
+        store = self.store
+        keys: list[tuple[int, str]] = []
+        for s in range(store.config.shards):
+            sk = store.keys.shard(s)
+            if task is not None or queue is not None:
+                keys += [(s, sk.index(p)) for p in store.index_parts(s, task, queue)]
+            else:
+                keys += [(s, k) for k in _due_keys(store, s)] + [(s, sk.held)]
+        rank: int | None = None
+        if after is not None:
+            found: Any = store.client.zrank(after[1], after[2])
+            rank = None if found is None else int(found)
+        pipe = store.client.pipeline(transaction=False)
+        for _, k in keys:
+            if after is None:
+                pipe.zrange(k, 0, limit - 1, withscores=True)
+            elif k == after[1] and rank is not None:
+                pipe.zrange(k, rank + 1, rank + limit, withscores=True)
+            else:  # a set before the cursor's (or the cursor's job has left it): strictly later due times
+                lo = f"({after[0]}" if k <= after[1] else after[0]
+                pipe.zrangebyscore(k, lo, "+inf", start=0, num=limit, withscores=True)
+        entries: list[tuple[int, str, str, int]] = []
+        for (s, k), page in zip(keys, pipe.execute(), strict=True):
+            entries += [(int(due), k, str(jid), s) for jid, due in page]
+        entries.sort()
+        entries = entries[:limit]
+        pipe = store.client.pipeline(transaction=False)
+        for _, _, jid, s in entries:
+            pipe.hmget(store.keys.shard(s).job(jid), Field.TASK, Field.QUEUE, Field.STATE, Field.IDEMPOTENCY_KEY,
+                       Field.CREATED)
+        rows = []
+        for (due, _, jid, s), (tname, q, st, ik, created) in zip(entries, pipe.execute(), strict=True):
+            rows.append({"id": jid, "shard": s, "due": due, "task": tname or "", "queue": q or "", "st": st or "",
+                         "ik": ik or "", "created": int(float(created)) if created else None})
+        nxt = (entries[-1][0], entries[-1][1], entries[-1][2]) if len(entries) == limit else None
+        return rows, nxt
 
 
 @dataclass(frozen=True)

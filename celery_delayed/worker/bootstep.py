@@ -31,6 +31,7 @@ class DelayedSchedulerStep(bootsteps.StartStopStep):  # type: ignore[misc]
         self.enabled = bool(delayed)
         self.scheduler: Scheduler | None = None
         self.thread: threading.Thread | None = None
+        self.exporter: Any = None
         super().__init__(parent, **kwargs)
 
     def start(self, parent: Any) -> None:
@@ -43,8 +44,19 @@ class DelayedSchedulerStep(bootsteps.StartStopStep):  # type: ignore[misc]
             logger.warning("celery-delayed scheduler: store unavailable at start (%s); retrying", exc)
         self.thread = threading.Thread(target=self.scheduler.run, name="celery-delayed", daemon=True)
         self.thread.start()
+        port = self.scheduler.config.metrics_port
+        if port is not None:
+            from ..metrics import serve
+
+            try:
+                self.exporter = serve(parent.app, port, self.scheduler.config.metrics_address)
+            except (ImportError, OSError) as exc:
+                logger.error("celery-delayed metrics: cannot serve on port %d: %s", port, exc)
 
     def stop(self, parent: Any) -> None:
+        if self.exporter is not None:
+            self.exporter.shutdown()
+            self.exporter = None
         if self.scheduler is not None:
             self.scheduler.stop()
         if self.thread is not None:

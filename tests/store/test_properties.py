@@ -12,7 +12,8 @@ time (every script takes ``now_ms``):
   run out; misfire and expiry decided at release;
 - the worker side: start, extend_lease, finish (SUCCEEDED, FAILED, QUEUED);
 - failures and the dead-letter queue: retry, fail, dead (with and without a
-  message, trimmed by age and count), requeue, purge_dead.
+  message, trimmed by age and count), requeue, purge_dead;
+- the operators' controls: pause and resume release, promote ("run now").
 
 Time moves forward and also jumps backwards (a Redis failover to a replica
 whose clock is slower). After every step the whole store of the run must
@@ -22,7 +23,8 @@ buckets: none empty, none unlisted); the in-flight set with its deadlines;
 the dead-letter sets with their times of death; the scheduler set, shard
 leases and fences; the queue's list in push order; the next-due hint (never
 later than the earliest scheduled job, so a wake-up cannot be missed); and no
-orphan records.
+orphan records; and the pending index by task and queue, and the shard's
+counters of released, cancelled and promoted jobs (issue 12).
 
 The runs are random (a new seed each run, printed with any failure, and
 reproduced with ``STORE_MODEL_SEED=<seed>``); CI runs a larger profile.
@@ -57,6 +59,7 @@ from support import IN_CI, RedisServer, make_app, need
 from celery_delayed import InvalidState, JobNotFound, LeaseLost
 from celery_delayed.producer.jobs import prepare
 from celery_delayed.store import Store
+from celery_delayed.store.keys import index_part
 from celery_delayed.vocab import Reply
 
 T0 = 1_800_000_000_000  # synthetic epoch ms the runs start at
@@ -122,6 +125,8 @@ def machine(redis_url: str, bucket_ms: int) -> type[RuleBasedStateMachine]:
             self.leases: dict[int, tuple[str, int]] = {}  # shard -> (owner, fence)
             self.fences: dict[int, int] = {s: 0 for s in range(SHARDS)}
             self._fields: dict[str, dict[str, str]] = {}
+            self.paused = False
+            self.counts = {"released": 0, "cancelled": 0, "promoted": 0}
 
         def teardown(self) -> None:
             keys = list(self.client.scan_iter(match=f"{self.store.keys.prefix}*", count=1000))
@@ -269,6 +274,7 @@ def machine(redis_url: str, bucket_ms: int) -> type[RuleBasedStateMachine]:
                 assert err.value.state == job.st
                 return
             assert self.store.cancel(i, now_ms=self.now, running=running) == job.st
+            self.counts["cancelled"] += 1
             job.st, job.msg, job.ttl, job.lo, job.lu = "CANCELLED", False, True, None, None
             self.inflight[job.shard].pop(i, None)
 
@@ -284,6 +290,33 @@ def machine(redis_url: str, bucket_ms: int) -> type[RuleBasedStateMachine]:
                 return
             assert self.store.reschedule(i, str(due), now_ms=self.now) == due
             job.due = due
+
+        # -- the operators' controls ------------------------------------------------------------
+
+        @rule()
+        def pause_all(self) -> None:
+            self.store.pause(["all"], now_ms=self.now)
+            self.paused = True
+
+        @rule()
+        def resume_all(self) -> None:
+            assert self.store.resume(now_ms=self.now) == 0  # nothing held: only "all" is paused
+            self.paused = False
+
+        @rule(data=st.data())
+        def promote(self, data: st.DataObject) -> None:
+            i = self._pick(data, "SCHEDULED")
+            job = self.jobs.get(i)
+            if job is None or job.st != "SCHEDULED":
+                with pytest.raises((JobNotFound, InvalidState)) as err:
+                    self.store.promote(i, now_ms=self.now)
+                assert isinstance(err.value, JobNotFound) == (job is None)
+                return
+            assert self.store.promote(i, now_ms=self.now) == self.now
+            assert job.due is not None
+            if job.due > self.now:
+                job.due = self.now
+                self.counts["promoted"] += 1
 
         # -- time ----------------------------------------------------------------------------
 
@@ -338,6 +371,10 @@ def machine(redis_url: str, bucket_ms: int) -> type[RuleBasedStateMachine]:
                 with pytest.raises(LeaseLost):
                     self.store.release_due(shard, owner, fence, now_ms=self.now, limit=limit)
                 return
+            if self.paused:  # nothing is released, and the caller is told there is nothing to wait for
+                batch = self.store.release_due(shard, owner, fence, now_ms=self.now, limit=limit)
+                assert (batch.count, batch.next_due_ms) == (0, None)
+                return
             due = [i for i, d in self._due_in(shard) if d <= self.now][:limit]
             released, skipped, dead = [], 0, 0
             for i in due:
@@ -351,6 +388,7 @@ def machine(redis_url: str, bucket_ms: int) -> type[RuleBasedStateMachine]:
                 job.st, job.ttl = "QUEUED", True  # the message stays until the job starts
                 self.pushed.append(i)
                 released.append(i)
+            self.counts["released"] += len(released)
             if dead:
                 self._dlq_trim(shard)
             batch = self.store.release_due(shard, owner, fence, now_ms=self.now, limit=limit)
@@ -365,6 +403,9 @@ def machine(redis_url: str, bucket_ms: int) -> type[RuleBasedStateMachine]:
             if not allowed:
                 with pytest.raises(LeaseLost):
                     self.store.claim_due(shard, owner, fence, now_ms=self.now, limit=limit)
+                return
+            if self.paused:
+                assert self.store.claim_due(shard, owner, fence, now_ms=self.now, limit=limit).count == 0
                 return
             flight = self.inflight[shard]
             claimed: list[str] = []
@@ -433,6 +474,7 @@ def machine(redis_url: str, bucket_ms: int) -> type[RuleBasedStateMachine]:
                     job = self.jobs[i]
                     if job.st == "CLAIMED":  # one a worker started meanwhile keeps its state
                         job.st, job.ttl = "QUEUED", True  # the message stays until the job starts
+                        self.counts["released"] += 1
             assert self.store.ack_claimed(shard, ids, now_ms=self.now) == expected
 
         # -- the worker side -----------------------------------------------------------------
@@ -624,6 +666,11 @@ def machine(redis_url: str, bucket_ms: int) -> type[RuleBasedStateMachine]:
                     on_server = set(c.scan_iter(match=f"{sk.due}:*", count=1000))
                     assert on_server == listed, "a bucket key that the bucket index does not list"
                 assert got == expected_due
+                # the pending index (one task, one queue here) holds exactly the scheduled jobs
+                parts = set(c.smembers(sk.index_parts))
+                assert parts <= {index_part(TASK, self.queue)}
+                ix = {k: int(v) for p in parts for k, v in c.zrange(sk.index(p), 0, -1, withscores=True)}
+                assert ix == expected_due
                 assert {k: int(v) for k, v in c.zrange(sk.inflight, 0, -1, withscores=True)} == self.inflight[s]
                 assert not set(got) & set(self.inflight[s]), "a job both scheduled and in flight"
                 assert {k: int(v) for k, v in c.zrange(sk.dlq, 0, -1, withscores=True)} == self.dlq[s]
@@ -650,6 +697,12 @@ def machine(redis_url: str, bucket_ms: int) -> type[RuleBasedStateMachine]:
                 assert (ttl > 0) == job.ttl and ttl != -2, (i, job, ttl)
                 assert (lo, lu) == (job.lo, None if job.lu is None else str(job.lu)), i
                 assert (int(att or 0), retries, int(claims or 0)) == (job.att, job.retries, job.claims), i
+            counters = dict.fromkeys(self.counts, 0)
+            for s in range(SHARDS):
+                for k, v in c.hgetall(self.store.keys.shard(s).stats).items():
+                    if k in counters:
+                        counters[k] += int(v)
+            assert counters == self.counts
             listed = [json.loads(m)["headers"]["id"] for m in c.lrange(self.queue, 0, -1)]
             assert listed == self.pushed[::-1]
             # No orphans: every record under the prefix is a job the model knows.

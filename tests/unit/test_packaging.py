@@ -46,6 +46,8 @@ print(json.dumps({
     "released": batch.ids,
     "queued": client.llen("q" + uid),
     "state": store.get(job.id, job.shard)["st"],
+    "web_assets": sorted(str(p.relative_to(pkg / "web")) for p in (pkg / "web").rglob("*.*")
+                         if p.suffix in (".css", ".html")),
 }))
 """
 
@@ -103,3 +105,5 @@ def test_installed_wheel_finds_its_lua_scripts(tmp_path: Path, redis_url: str) -
     assert info["created"] is True
     assert len(info["released"]) == 1 and info["queued"] == 1
     assert info["state"] == "QUEUED"
+    # the dashboard's template and stylesheet ship in the wheel (no CDN)
+    assert info["web_assets"] == ["static/app.css", "templates/base.html"]
