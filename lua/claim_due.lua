@@ -24,6 +24,8 @@ ARGV[8]  ttl of an expired / skipped job's record, ms
 ARGV[9]  dead letters' max age, ms (misfire 'dead': the set is trimmed)
 ARGV[10] most dead letters this shard keeps
 ARGV[11] '1' to append to the change log (a database mirrors the store), '' not
+ARGV[12] look-ahead, ms: jobs due up to now + this are claimed, those not yet
+         due with Celery's `eta` set to their due time (includes/eta.lua)
 
 Returns {code, claimed, skipped, next_due, now, then per claimed job:
 id, msg, exchange, routing_key, queue, ev, then per job not sent: id, state,
@@ -45,6 +47,7 @@ steady, so a full store keeps draining.
 -- @include "misfire"
 -- @include "changes"
 -- @include "ops"
+-- @include "eta"
 
 if not lease_ok(KEYS[4], ARGV[5], ARGV[6]) then return {NOT_OWNER, 0, 0, -1, 0} end
 local now = now_ms(ARGV[1])
@@ -75,7 +78,9 @@ local function held_back(id, jk)
 end
 
 local function emit(id, jk)
-  local r = redis.call('HMGET', jk, 'msg', 'ex', 'rk', 'q', 'ev')
+  local r = redis.call('HMGET', jk, 'msg', 'ex', 'rk', 'q', 'ev', 'due')
+  local due = tonumber(r[6])
+  if due and due > now then r[1] = early_eta(r[1], due) end
   redis.call('ZADD', KEYS[5], deadline, id)
   redis.call('HINCRBY', jk, 'claims', 1)
   claimed_ids[#claimed_ids + 1] = id
@@ -100,7 +105,7 @@ for _, id in ipairs(stale) do
   end
 end
 
-local ids = take_due(KEYS[1], KEYS[2], bucket_ms, now, limit - claimed)
+local ids = take_due(KEYS[1], KEYS[2], bucket_ms, now + (tonumber(ARGV[12]) or 0), limit - claimed)
 for _, id in ipairs(ids) do
   local jk = prefix .. id
   local st, due, task, q = unpack(redis.call('HMGET', jk, 'st', 'due', 'task', 'q'))
@@ -112,7 +117,7 @@ for _, id in ipairs(ids) do
     if not held_back(id, jk) then
       redis.call('HSET', jk, 'st', 'CLAIMED')
       emit(id, jk)
-      late_add(late, now - tonumber(due))
+      late_add(late, math.max(0, now - tonumber(due)))  -- claimed early: not late
     end
   else
     if st == 'SCHEDULED' then ix_push(gone, task, q, id) end

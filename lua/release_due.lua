@@ -26,6 +26,8 @@ ARGV[9]  kombu's dead-letter queue for unroutable messages (transport option
 ARGV[10] dead letters' max age, ms (misfire 'dead' trims the dead-letter set)
 ARGV[11] most dead letters this shard keeps
 ARGV[12] '1' to append to the change log (a database mirrors the store), '' not
+ARGV[13] look-ahead, ms: jobs due up to now + this are released, those not yet
+         due with Celery's `eta` set to their due time (includes/eta.lua)
 
 A record's routing fields: lk = the list key to LPUSH (anonymous exchange:
 global_keyprefix + queue + priority suffix); or bx = the exchange's binding
@@ -61,6 +63,7 @@ steady, so a full store keeps draining.
 -- @include "changes"
 -- @include "destination"
 -- @include "ops"
+-- @include "eta"
 
 if not lease_ok(KEYS[4], ARGV[5], ARGV[6]) then return {NOT_OWNER, 0, 0, -1, 0} end
 local now = now_ms(ARGV[1])
@@ -70,7 +73,7 @@ local base = shard_base(KEYS[1])
 local paused = pauses(base)
 if paused and paused.all then return {OK, 0, 0, -1, now} end
 local gone, late = {}, late_new()  -- leaving the pending index; release lateness
-local ids = take_due(KEYS[1], KEYS[2], bucket_ms, now, limit)
+local ids = take_due(KEYS[1], KEYS[2], bucket_ms, now + (tonumber(ARGV[13]) or 0), limit)
 local out = {OK, 0, 0, -1, now}
 local released, skipped, dead = 0, 0, 0
 local not_sent, sent_ids, unsent_by_state = {}, {}, {}
@@ -102,7 +105,10 @@ for _, id in ipairs(ids) do
   local bx, rk, ps = false, false, false
   if sendable and not lk then bx, rk, ps = unpack(redis.call('HMGET', jk, 'bx', 'rk', 'ps')) end
   local unsent, why = nil, nil
-  if sendable then unsent, why = unsendable(now, due, exp, ml, mf) end
+  if sendable then
+    unsent, why = unsendable(now, due, exp, ml, mf)
+    if tonumber(due) > now then msg = early_eta(msg, tonumber(due)) end
+  end
   if unsent then
     mark_unsent(jk, KEYS[5], id, unsent, why, now, ttl)
     not_sent[#not_sent + 1] = id; not_sent[#not_sent + 1] = unsent; not_sent[#not_sent + 1] = why
@@ -129,7 +135,7 @@ for _, id in ipairs(ids) do
     released_add(KEYS[6], id, due or redis.call('HGET', jk, 'due'))
     sent_ids[#sent_ids + 1] = id
     released = released + 1
-    late_add(late, now - tonumber(due))
+    late_add(late, math.max(0, now - tonumber(due)))  -- released early: not late
     out[#out + 1] = id
     out[#out + 1] = ev or ''
   else

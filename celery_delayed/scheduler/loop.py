@@ -205,7 +205,7 @@ class Scheduler:
         while not self._stop.is_set():
             if time.monotonic() >= self._next_heartbeat:
                 self._heartbeat()
-            now = self._redis_now()
+            now = self._redis_now() + self.config.lookahead_ms  # released that long before they are due
             with self._lock:
                 due = [(s, f) for s, f in self.shards.items() if self.next_due.get(s, 0.0) <= now]
             if not due:
@@ -249,7 +249,7 @@ class Scheduler:
     def _sleep_s(self) -> float:
         with self._lock:
             earliest = min(self.next_due.values(), default=_INF)
-        until_due = (earliest - self._redis_now()) / 1000.0
+        until_due = (earliest - self.config.lookahead_ms - self._redis_now()) / 1000.0
         until_hb = self._next_heartbeat - time.monotonic()
         return max(0.0, min(until_due, until_hb, self.max_sleep_s))
 

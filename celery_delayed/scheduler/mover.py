@@ -48,7 +48,7 @@ class DirectMover:
         self.announce = Announcer(app)
 
     def move(self, shard: int, owner: str, fence: str, limit: int) -> Batch:
-        batch = self.store.release_due(shard, owner, fence, limit=limit)
+        batch = self.store.release_due(shard, owner, fence, limit=limit, lookahead_ms=self.store.config.lookahead_ms)
         self.announce.sent(batch.events)
         self.announce.not_sent(batch.not_sent)
         return batch
@@ -120,7 +120,7 @@ class PublishMover:
         except Exception:
             self.close()
             raise
-        batch = self.store.claim_due(shard, owner, fence, limit=limit)
+        batch = self.store.claim_due(shard, owner, fence, limit=limit, lookahead_ms=self.store.config.lookahead_ms)
         self.announce.not_sent(batch.not_sent)
         if not batch.ids:
             return batch

@@ -367,8 +367,13 @@ class Store:
 
     def release_due(
         self, shard: int, owner: str = "", fence: str = "", now_ms: int | None = None, limit: int | None = None,
+        lookahead_ms: int = 0,
     ) -> Batch:
         """Direct path (``release_due.lua``): push up to ``limit`` due jobs of ``shard`` onto their queues.
+
+        With ``lookahead_ms``, jobs due within that much of now go too, with
+        Celery's ``eta`` set to their due time (the scheduler passes
+        ``delayed_lookahead_ms``).
 
         Raises:
             LeaseLost: ``owner`` does not hold the shard's lease with ``fence``.
@@ -380,7 +385,7 @@ class Store:
             self.scripts.release_due, [sk.due, sk.buckets, sk.next, sk.lease, sk.dlq, sk.released, sk.changes],
             [_now(now_ms), sk.job_prefix, limit or cfg.batch_size, cfg.bucket_ms, owner, fence,
              cfg.record_ttl_ms, broker.global_keyprefix, broker.deadletter_queue, cfg.dlq_max_age_s * 1000,
-             cfg.dlq_max_len_per_shard, self.logs_changes],
+             cfg.dlq_max_len_per_shard, self.logs_changes, lookahead_ms],
         )
         batch = self._batch(reply, shard)
         end = 5 + 2 * batch.count
@@ -392,8 +397,11 @@ class Store:
 
     def claim_due(
         self, shard: int, owner: str = "", fence: str = "", now_ms: int | None = None, limit: int | None = None,
+        lookahead_ms: int = 0,
     ) -> Batch:
         """Publish path (``claim_due.lua``): lease up to ``limit`` due (or stale in-flight) jobs of ``shard``.
+
+        ``lookahead_ms`` as in :meth:`release_due`.
 
         Raises:
             LeaseLost: ``owner`` does not hold the shard's lease with ``fence``.
@@ -405,7 +413,7 @@ class Store:
             self.scripts.claim_due, [sk.due, sk.buckets, sk.next, sk.lease, sk.inflight, sk.dlq, sk.changes],
             [_now(now_ms), sk.job_prefix, limit or cfg.batch_size, cfg.bucket_ms, owner, fence,
              cfg.claim_lease_ms, cfg.record_ttl_ms, cfg.dlq_max_age_s * 1000, cfg.dlq_max_len_per_shard,
-             self.logs_changes],
+             self.logs_changes, lookahead_ms],
         )
         batch = self._batch(reply, shard)
         end = 5 + 6 * batch.count

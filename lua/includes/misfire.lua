@@ -4,7 +4,8 @@
 
 -- The state a due job gets instead of being sent, and why; nil = send it.
 local function unsendable(now, due, exp, ml, mf)
-  if exp and now >= tonumber(exp) then
+  -- Released early (look-ahead), a job runs at its due time: expired if it would be by then.
+  if exp and math.max(now, tonumber(due) or now) >= tonumber(exp) then
     return 'EXPIRED', 'expired: expires ' .. exp .. ' ms <= released ' .. now .. ' ms'
   end
   if ml and (mf == 'skip' or mf == 'dead') then

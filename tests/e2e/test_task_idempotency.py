@@ -138,8 +138,11 @@ def test_a_key_freed_by_cancel_runs_its_new_job_once_never_the_old_message(redis
     assert rclient.llen(queue) == 2  # the cancelled generation's message is still there
     w = WorkerProcess(redis_url, prefix, queue, concurrency=2)
     workers.append(w)
-    wait_for(lambda: new.job_state == "SUCCEEDED", 30, what="the new generation to run")
-    wait_for(lambda: "superseded by a later generation" in w.output(), 20, what="the old message to be skipped")
+    try:
+        wait_for(lambda: new.job_state == "SUCCEEDED", 30, what="the new generation to run")
+        wait_for(lambda: "superseded by a later generation" in w.output(), 20, what="the old message to be skipped")
+    except AssertionError as exc:  # say what the worker did
+        raise AssertionError(f"{exc}; record {new.job()}; worker log:\n{w.output()[-4000:]}") from exc
     wait_for(lambda: rclient.llen(queue) == 0, 10, what="the queue to drain")
     assert ran(rclient, prefix) == [new.id]  # once, and only the new generation
 
