@@ -38,7 +38,8 @@ class WakeDuringMove(DirectMover):
 
 @pytest.mark.timeout(30)
 def test_a_wakeup_during_a_move_is_not_overwritten(redis_url, uid):
-    app = make_app(redis_url, uid, delayed_shards=1)
+    # No look-ahead: the early job (due in 50 ms) must wait for the next round, not go in this one.
+    app = make_app(redis_url, uid, delayed_shards=1, delayed_lookahead_ms=0)
     far = apply_later(app, "e2e.mark", when=3600, strict=False)
     sched = Scheduler(app)
     sched.mover = mover = WakeDuringMove(sched, app)
