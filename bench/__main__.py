@@ -36,6 +36,7 @@ SCENARIOS: dict[str, Callable[[Ctx], None]] = {
     "dashboard": s_ops.dashboard,  # 13
     "durability": s_durability.durability,  # 14
     "drain": s_drain.drain,  # 15
+    "sustained": s_lateness.sustained,  # 16
 }
 
 

@@ -12,6 +12,8 @@
 from __future__ import annotations
 
 import collections
+import os
+import random
 import time
 from datetime import datetime, timezone
 from typing import Any
@@ -230,3 +232,65 @@ def duplicates(ctx: Ctx) -> None:
                     note=f"{len(counts)} of {n} tasks ran, {sum(counts.values())} runs in all")
     for _, _, prefix, queue, _ in setups:
         delete_prefix(client, f"{prefix}:*", f"*{queue}*")
+
+
+S16 = "16 lateness, sustained burst"
+
+
+def sustained(ctx: Ctx) -> None:
+    """3,000 jobs due at random over 5 s (600/s, near one worker's saturation), acks_late as the README
+    recommends: lateness of Celery's ETA path, of a producer publishing each task at its due time, and
+    of apply_later (plain task and DelayedTask) with and without look-ahead release."""
+    n = ctx.size(3_000, 600)
+    spread = ctx.size(5.0, 2.0)
+    conf = {"task_acks_late": True}
+    print(f"[{S16}] {n} jobs due at random over {spread:.0f} s, worker prefork -c 2, acks_late", flush=True)
+    client = ctx.client()
+    variants: list[tuple[str, str, dict[str, Any]]] = [
+        ("Celery ETA, apply_async(eta=)", "eta", {}),
+        ("producer publishing at the due time", "publish", {}),
+        ("apply_later, plain task, look-ahead 0", "bench.late", {"delayed_lookahead_ms": 0}),
+        ("apply_later, DelayedTask, look-ahead 0", "bench.late_d", {"delayed_lookahead_ms": 0}),
+        ("apply_later, plain task (defaults)", "bench.late", {}),
+        ("apply_later, DelayedTask (defaults)", "bench.late_d", {}),
+    ]
+    for la in filter(None, os.environ.get("BENCH_LOOKAHEADS", "").split(",")):  # to choose the default
+        variants += [(f"apply_later, plain task, look-ahead {la}", "bench.late", {"delayed_lookahead_ms": int(la)}),
+                     (f"apply_later, DelayedTask, look-ahead {la}", "bench.late_d", {"delayed_lookahead_ms": int(la)})]
+    only = os.environ.get("BENCH_ONLY")
+    if only:
+        variants = [v for v in variants if v is variants[0] or only in v[0]]
+    rng = random.Random(16)
+    for system, how, extra in variants:
+        c = {**conf, **extra}
+        u = uid()
+        prefix, queue = f"b16{u}", f"q16{u}"
+        app = make_app(ctx.redis_url, prefix, queue, **c)
+        with procs() as ps:
+            ps.append(celery_worker(ctx.redis_url, prefix, queue, concurrency=2, conf=c))
+            if how.startswith("bench."):
+                ps.append(delayed_scheduler(ctx.redis_url, prefix, queue, conf=c))
+                wait_scheduler(client, prefix)
+            wait_ready(ps[0], "worker")
+            start = time.time() + 3.0
+            dues = sorted(start + rng.random() * spread for _ in range(n))
+            if how == "eta":
+                late = app.tasks["bench.late"]
+                for d in dues:
+                    late.apply_async(args=(d,), eta=_at(d))
+            elif how == "publish":
+                late = app.tasks["bench.late"]
+                for d in dues:
+                    pause = d - time.time()
+                    if pause > 0:
+                        time.sleep(pause)
+                    late.apply_async(args=(d,))
+            else:
+                apply_later_many(app, how, [{"args": (d,), "when": _at(d)} for d in dues])
+            _lateness(ctx, S16, system, f"sustained: {system}", client, prefix, n,
+                      max(0.0, start + spread - time.time()) + ctx.size(40, 15))
+        delete_prefix(client, f"{prefix}:*", f"*{queue}*")
+    for metric in ("lateness p50", "lateness p99", "lateness max"):
+        ctx.relate(S16, metric, variants[0][0])
+    ctx.notes.append(f"scenario 16: {n} jobs due at random over {spread:.0f} s, one worker -P prefork -c 2 "
+                     "with task_acks_late; 'defaults' is delayed_lookahead_ms at its default")

@@ -99,7 +99,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("release_mode", str, "auto", "`\"direct\"`, `\"publish\"` or `\"auto\"` (see How release works)",
             choices=("auto", "direct", "publish")),
     Setting("batch_size", int, 500, "most jobs one release call moves", lo=1, hi=100_000),
-    Setting("lookahead_ms", int, 1000, "release a job this long before it is due, with Celery's `eta` set to its "
+    Setting("lookahead_ms", int, 2000, "release a job this long before it is due, with Celery's `eta` set to its "
             "due time: the worker already holds it when the moment comes (`0` = release when due)",
             lo=0, hi=60_000, unit="ms"),
     Setting("lease_ms", int, 30_000, "scheduler membership lease: a dead scheduler's shards move to the others "
