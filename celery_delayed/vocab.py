@@ -116,6 +116,18 @@ class Field:
     REFUSED = "refused"
     COPIES = "rr"
     OUTBOX = "ob"
+    #: a compact record's template id (``store/compact.py``: its other fields are a, k, b, e, i, r, pa)
+    TEMPLATE = "tp"
+    #: the delivery tag suffix of a compact record's released message
+    TAG = "tg"
+    #: a compact record's own part of its message (``store/compact.py``)
+    C_ARGSREPR = "a"
+    C_KWARGSREPR = "k"
+    C_BODY = "b"
+    C_ETA = "e"
+    C_ID = "i"
+    C_ROOT = "r"
+    C_PARENT = "pa"
 
 
 #: Record fields that hold epoch-ms times (shown as dates by the CLI).

@@ -32,14 +32,16 @@ steady, so a full store keeps draining.
 -- @include "due_index"
 -- @include "changes"
 -- @include "ops"
+-- @include "compact"
 
 local jk = KEYS[4]
-local st, due, task, q = unpack(redis.call('HMGET', jk, 'st', 'due', 'task', 'q'))
+local st, due, task, q, tp = unpack(redis.call('HMGET', jk, 'st', 'due', 'task', 'q', 'tp'))
 if not st then return {NOT_FOUND, ''} end
 local running = st == 'RUNNING' and ARGV[5] == '1'
 if st ~= 'SCHEDULED' and st ~= 'CLAIMED' and st ~= 'QUEUED' and not running then return {WRONG_STATE, st} end
 local now = now_ms(ARGV[1])
 local base = shard_base(jk)
+task, q = route_of(base, task, q, tp)
 if st == 'SCHEDULED' then
   due_rem(KEYS[1], KEYS[2], ARGV[2], tonumber(due), tonumber(ARGV[3]))
   ix_rem(base, task, q, ARGV[2])
@@ -49,7 +51,8 @@ stats_add(base, 'cancelled', 1, 'queued', st == 'QUEUED' and -1 or 0, 'running',
 redis.call('ZREM', KEYS[3], ARGV[2])
 released_rem(KEYS[5], ARGV[2])
 redis.call('HSET', jk, 'st', 'CANCELLED', 'cancelled', now)
-redis.call('HDEL', jk, 'msg', 'lo', 'lu')
+drop_message(jk)
+redis.call('HDEL', jk, 'lo', 'lu')
 redis.call('PEXPIRE', jk, tonumber(ARGV[4]))
 log_change(KEYS[6], ARGV[6], 'CANCELLED', {ARGV[2]})
 return {OK, st}

@@ -27,6 +27,7 @@ Runs when Redis is at maxmemory (@flags below): it frees memory.
 -- @include "due_index"
 -- @include "ops"
 -- @include "changes"
+-- @include "compact"
 
 local now = now_ms(ARGV[1])
 local prefix, bucket_ms, ttl, limit = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[7])
@@ -44,7 +45,7 @@ for i = 8, #ARGV do
       due_rem(KEYS[1], KEYS[2], id, tonumber(due), bucket_ms)
       redis.call('ZREM', base .. 'held', id)
       redis.call('HSET', jk, 'st', 'CANCELLED', 'cancelled', now)
-      redis.call('HDEL', jk, 'msg')
+      drop_message(jk)
       redis.call('PEXPIRE', jk, ttl)
       out[#out + 1] = id
     end

@@ -48,6 +48,7 @@ steady, so a full store keeps draining.
 -- @include "changes"
 -- @include "ops"
 -- @include "eta"
+-- @include "compact"
 
 if not lease_ok(KEYS[4], ARGV[5], ARGV[6]) then return {NOT_OWNER, 0, 0, -1, 0} end
 local now = now_ms(ARGV[1])
@@ -61,12 +62,20 @@ local out = {OK, 0, 0, -1, now}
 local claimed, skipped, dead = 0, 0, 0
 local not_sent, claimed_ids, unsent_by_state = {}, {}, {}
 local ttl = tonumber(ARGV[8])
+local shard, tg = shard_no(KEYS[1]), string.format('%d', now)
 
 -- Expired or misfired: record it instead of claiming it; true when so.
 local function held_back(id, jk)
   local r = redis.call('HMGET', jk, 'due', 'exp', 'ml', 'mf')
   local unsent, why = unsendable(now, r[1], r[2], r[3], r[4])
+  local m = redis.call('HMGET', jk, 'msg', 'tp')
+  local t = (not m[1]) and m[2] and template(base, m[2])
+  if m[2] and not m[1] and not t then unsent, why = 'DEAD', LOST_TEMPLATE end
   if not unsent then return false end
+  if t then  -- compact: its record names its task and queue; a dead letter keeps its message
+    redis.call('HSET', jk, 'task', t.r.task, 'q', t.r.q)
+    if unsent == 'DEAD' then redis.call('HSET', jk, 'msg', message_of(base, jk, id, tg)) end
+  end
   redis.call('ZREM', KEYS[5], id)
   mark_unsent(jk, KEYS[6], id, unsent, why, now, ttl)
   not_sent[#not_sent + 1] = id; not_sent[#not_sent + 1] = unsent; not_sent[#not_sent + 1] = why
@@ -78,9 +87,18 @@ local function held_back(id, jk)
 end
 
 local function emit(id, jk)
-  local r = redis.call('HMGET', jk, 'msg', 'ex', 'rk', 'q', 'ev', 'due')
+  local r = redis.call('HMGET', jk, 'msg', 'ex', 'rk', 'q', 'ev', 'due', 'tp', 'b', 'a', 'k', 'e', 'i', 'r', 'pa')
   local due = tonumber(r[6])
-  if due and due > now then r[1] = early_eta(r[1], due) end
+  local early = due and due > now
+  if not r[1] and r[7] then  -- compact: rendered from its template (whose routing fields it takes)
+    local t = template(base, r[7])
+    local f = {b = r[8], a = r[9], k = r[10], e = r[11], i = r[12], r = r[13], pa = r[14]}
+    r[1] = render(t, id, shard, f, tg, early and (f.e or ('"' .. iso_utc(due) .. '"')) or nil)
+    r[2], r[3], r[4] = t.r.ex, t.r.rk, t.r.q
+    redis.call('HSET', jk, 'task', t.r.task, 'q', t.r.q, 'tg', tg)
+  elseif early then
+    r[1] = early_eta(r[1], due)
+  end
   redis.call('ZADD', KEYS[5], deadline, id)
   redis.call('HINCRBY', jk, 'claims', 1)
   claimed_ids[#claimed_ids + 1] = id
@@ -98,7 +116,7 @@ local stale = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now, 'LIMIT', 0, limi
 for _, id in ipairs(stale) do
   local jk = prefix .. id
   local st = redis.call('HGET', jk, 'st')
-  if st == 'CLAIMED' and redis.call('HEXISTS', jk, 'msg') == 1 then
+  if st == 'CLAIMED' and (redis.call('HEXISTS', jk, 'msg') == 1 or redis.call('HEXISTS', jk, 'b') == 1) then
     if not held_back(id, jk) then emit(id, jk) end
   else
     redis.call('ZREM', KEYS[5], id)
@@ -108,11 +126,12 @@ end
 local ids = take_due(KEYS[1], KEYS[2], bucket_ms, now + (tonumber(ARGV[12]) or 0), limit - claimed)
 for _, id in ipairs(ids) do
   local jk = prefix .. id
-  local st, due, task, q = unpack(redis.call('HMGET', jk, 'st', 'due', 'task', 'q'))
+  local st, due, task, q, tp, msg, b = unpack(redis.call('HMGET', jk, 'st', 'due', 'task', 'q', 'tp', 'msg', 'b'))
+  task, q = route_of(base, task, q, tp)
   if st == 'SCHEDULED' and paused and is_paused(paused, task, q) then  -- held back: stays pending
     redis.call('ZADD', base .. 'held', due, id)
     skipped = skipped + 1
-  elseif st == 'SCHEDULED' and redis.call('HEXISTS', jk, 'msg') == 1 then
+  elseif st == 'SCHEDULED' and (msg or b) then
     ix_push(gone, task, q, id)
     if not held_back(id, jk) then
       redis.call('HSET', jk, 'st', 'CLAIMED')

@@ -23,6 +23,7 @@ Returns {code, previous state}:
 -- @include "attempts"
 -- @include "changes"
 -- @include "ops"
+-- @include "compact"
 
 local jk = KEYS[2]
 local st = redis.call('HGET', jk, 'st')
@@ -32,7 +33,7 @@ local now = now_ms(ARGV[1])
 local started = attempt_started(jk, st, ARGV[4], now)
 set_fields(jk, 8, tonumber(ARGV[7]))
 close_attempt(jk, 'FAILED', 'finished', started, now)
-redis.call('HDEL', jk, 'msg')
+drop_message(jk)
 redis.call('ZREM', KEYS[1], ARGV[2])
 released_rem(KEYS[3], ARGV[2])
 redis.call('PEXPIRE', jk, tonumber(ARGV[3]))

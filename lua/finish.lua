@@ -29,6 +29,7 @@ and the running / queued gauges (includes/ops.lua).
 -- @include "common"
 -- @include "changes"
 -- @include "ops"
+-- @include "compact"
 
 local jk = KEYS[1]
 local st, lo, ik = unpack(redis.call('HMGET', jk, 'st', 'lo', 'ik'))
@@ -47,7 +48,7 @@ if outcome == 'QUEUED' then
 end
 redis.call('HSET', jk, 'st', outcome, 'finished', now_ms(ARGV[1]))
 if ARGV[6] ~= '' then redis.call('HSET', jk, 'reason', ARGV[6]) end
-redis.call('HDEL', jk, 'msg')
+drop_message(jk)
 local ttl = tonumber(ARGV[4])
 if ik and ik ~= '' then ttl = math.max(ttl, tonumber(ARGV[5])) end
 redis.call('PEXPIRE', jk, ttl)

@@ -30,6 +30,7 @@ pass as ARGV[8] next time (-1: the held set has been looked through).
 -- @include "common"
 -- @include "due_index"
 -- @include "ops"
+-- @include "compact"
 
 local now = now_ms(ARGV[1])
 if ARGV[6] == 'pause' then
@@ -47,7 +48,8 @@ local limit, at = tonumber(ARGV[7]), tonumber(ARGV[8])
 local ids = redis.call('ZRANGE', KEYS[2], at, at + limit - 1)
 local moved, kept = 0, 0
 for _, id in ipairs(ids) do
-  local st, due, task, q = unpack(redis.call('HMGET', prefix .. id, 'st', 'due', 'task', 'q'))
+  local st, due, task, q, tp = unpack(redis.call('HMGET', prefix .. id, 'st', 'due', 'task', 'q', 'tp'))
+  task, q = route_of(base, task, q, tp)
   if st == 'SCHEDULED' and p and (p.all or is_paused(p, task, q)) then
     kept = kept + 1
   else

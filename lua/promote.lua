@@ -27,6 +27,7 @@ is no such job)}. A job due already counts as promoted; nothing changes for it.
 -- @include "ops"
 -- @include "changes"
 -- @include "eta"
+-- @include "compact"
 
 local now = now_ms(ARGV[1])
 local prefix, bucket_ms, limit = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[6])
@@ -35,15 +36,17 @@ local out, n, moved, logged = {0, now}, 0, 0, {}
 
 local function promote(id)
   local jk = prefix .. id
-  local st, due, task, q = unpack(redis.call('HMGET', jk, 'st', 'due', 'task', 'q'))
+  local st, due, task, q, tp = unpack(redis.call('HMGET', jk, 'st', 'due', 'task', 'q', 'tp'))
+  task, q = route_of(base, task, q, tp)
   if st == 'SCHEDULED' then
     n = n + 1
     if tonumber(due) > now then
       due_rem(KEYS[1], KEYS[2], id, tonumber(due), bucket_ms)
       due_add(KEYS[1], KEYS[2], id, now, bucket_ms)
       redis.call('HSET', jk, 'due', now)
-      local msg = redis.call('HGET', jk, 'msg')
-      if msg then redis.call('HSET', jk, 'msg', with_eta(msg, now)) end  -- what request.eta shows
+      local msg = redis.call('HGET', jk, 'msg')  -- what request.eta shows
+      if msg then redis.call('HSET', jk, 'msg', with_eta(msg, now))
+      elseif tp then redis.call('HSET', jk, 'e', '"' .. iso_utc(now) .. '"') end
       ix_add(base, task, q, id, now)
       logged[#logged + 1] = id
       moved = moved + 1

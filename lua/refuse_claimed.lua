@@ -41,6 +41,7 @@ steady, so a full store keeps draining.
 -- @include "dlq"
 -- @include "changes"
 -- @include "ops"
+-- @include "compact"
 
 local now = now_ms(ARGV[1])
 local prefix, bucket_ms = ARGV[2], tonumber(ARGV[3])
@@ -62,6 +63,8 @@ for i = 12, #ARGV, 3 do
       reason = why
     end
     if counts and n >= max then
+      local m = message_of(shard_base(KEYS[1]), jk, id, redis.call('HGET', jk, 'tg') or '0')
+      if m then redis.call('HSET', jk, 'msg', m) end  -- a dead letter keeps its message (a compact one, rendered)
       redis.call('HSET', jk, 'st', 'DEAD', 'died', now, 'reason', reason, 'etype', 'Unpublishable', 'emsg', reason)
       redis.call('ZADD', KEYS[5], now, id)
       st, dead = 'DEAD', dead + 1

@@ -64,12 +64,14 @@ steady, so a full store keeps draining.
 -- @include "destination"
 -- @include "ops"
 -- @include "eta"
+-- @include "compact"
 
 if not lease_ok(KEYS[4], ARGV[5], ARGV[6]) then return {NOT_OWNER, 0, 0, -1, 0} end
 local now = now_ms(ARGV[1])
 local prefix, limit, bucket_ms = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local ttl, gkp, dead_queue = tonumber(ARGV[7]), ARGV[8], ARGV[9]
 local base = shard_base(KEYS[1])
+local shard, tg = shard_no(KEYS[1]), string.format('%d', now)
 local paused = pauses(base)
 if paused and paused.all then return {OK, 0, 0, -1, now} end
 local gone, late = {}, late_new()  -- leaving the pending index; release lateness
@@ -91,9 +93,15 @@ for _, id in ipairs(ids) do
   -- The fields every release needs first; the rarer ones (named exchange, the
   -- publish-path fallback, due for a misfire check) only when they matter:
   -- fewer fields read per job is a measurably faster release.
-  local st, msg, lk, ev, exp, ml, mf, due, task, q = unpack(redis.call('HMGET', jk, 'st', 'msg', 'lk', 'ev', 'exp',
-    'ml', 'mf', 'due', 'task', 'q'))
-  local sendable = st == 'SCHEDULED' and msg
+  local r = redis.call('HMGET', jk, 'st', 'msg', 'lk', 'ev', 'exp', 'ml', 'mf', 'due', 'task', 'q',
+    'tp', 'b', 'a', 'k', 'e', 'i', 'r', 'pa')
+  local st, msg, lk, ev, exp, ml, mf, due, task, q = unpack(r, 1, 10)
+  local t, lost = false, false  -- a compact record's template
+  if r[11] and r[12] and not msg then
+    t = template(base, r[11])
+    if t then task, q, lk = t.r.task, t.r.q, t.r.lk else lost = st == 'SCHEDULED' end
+  end
+  local sendable = st == 'SCHEDULED' and (msg or t or lost)
   if st == 'SCHEDULED' then
     if paused and is_paused(paused, task, q) then  -- held back: stays pending, out of the due set
       redis.call('ZADD', base .. 'held', due, id)
@@ -103,13 +111,27 @@ for _, id in ipairs(ids) do
     end
   end
   local bx, rk, ps = false, false, false
-  if sendable and not lk then bx, rk, ps = unpack(redis.call('HMGET', jk, 'bx', 'rk', 'ps')) end
+  if sendable and not lk then
+    if t then bx, rk, ps = t.r.bx, t.r.rk, t.r.ps else bx, rk, ps = unpack(redis.call('HMGET', jk, 'bx', 'rk', 'ps')) end
+  end
   local unsent, why = nil, nil
-  if sendable then
+  if lost then
+    unsent, why = 'DEAD', LOST_TEMPLATE
+  elseif sendable then
     unsent, why = unsendable(now, due, exp, ml, mf)
-    if tonumber(due) > now then msg = early_eta(msg, tonumber(due)) end
+    local early = tonumber(due) > now
+    if t then
+      local f = {b = r[12], a = r[13], k = r[14], e = r[15], i = r[16], r = r[17], pa = r[18]}
+      msg = render(t, id, shard, f, tg, early and (f.e or ('"' .. iso_utc(tonumber(due)) .. '"')) or nil)
+    elseif early then
+      msg = early_eta(msg, tonumber(due))
+    end
   end
   if unsent then
+    if t then  -- it leaves the pending state: its record names its task and queue; a dead letter keeps its message
+      redis.call('HSET', jk, 'task', task, 'q', q)
+      if unsent == 'DEAD' then redis.call('HSET', jk, 'msg', msg) end
+    end
     mark_unsent(jk, KEYS[5], id, unsent, why, now, ttl)
     not_sent[#not_sent + 1] = id; not_sent[#not_sent + 1] = unsent; not_sent[#not_sent + 1] = why
     unsent_by_state[unsent] = unsent_by_state[unsent] or {}
@@ -130,7 +152,11 @@ for _, id in ipairs(ids) do
       if #lists == 0 then redis.call('HSET', jk, 'reason', 'UNROUTABLE') end
     end
     -- The message stays until the job starts: the reconciler sends it again if the broker loses it.
-    redis.call('HSET', jk, 'st', 'QUEUED', 'released', now)
+    if t then  -- its record names its task and queue from now on, and the tag its message went with
+      redis.call('HSET', jk, 'st', 'QUEUED', 'released', now, 'task', task, 'q', q, 'tg', tg)
+    else
+      redis.call('HSET', jk, 'st', 'QUEUED', 'released', now)
+    end
     redis.call('PEXPIRE', jk, ttl)
     released_add(KEYS[6], id, due or redis.call('HGET', jk, 'due'))
     sent_ids[#sent_ids + 1] = id

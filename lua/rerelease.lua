@@ -46,6 +46,7 @@ meanwhile: dropped from the released set).
 -- @include "changes"
 -- @include "destination"
 -- @include "ops"
+-- @include "compact"
 
 local now = now_ms(ARGV[1])
 local prefix, mode, max = ARGV[2], ARGV[3], tonumber(ARGV[4])
@@ -67,6 +68,16 @@ local function oldest_release(list)
   return tonumber(rel) or -1
 end
 
+-- lk, bx, rk, ps, q of a job: its record's, or (compact) its template's.
+local function route(jk)
+  local x = redis.call('HMGET', jk, 'lk', 'bx', 'rk', 'ps', 'q', 'tp')
+  if not (x[1] or x[2]) and x[6] then
+    local t = template(shard_base(jk), x[6])
+    if t then return {t.r.lk or false, t.r.bx or false, t.r.rk or false, t.r.ps or false, t.r.q or x[5]} end
+  end
+  return x
+end
+
 local function where(id, jk, r)
   local st, msg, rr, released = r[1], r[2], tonumber(r[3] or 0), tonumber(r[4] or 0)
   if st ~= 'QUEUED' or r[5] or not msg then return 'gone' end
@@ -77,7 +88,7 @@ local function where(id, jk, r)
       and redis.call('HEXISTS', KEYS[6], tostring(env.properties.delivery_tag)) == 1 then
     return 'held'
   end
-  local x = redis.call('HMGET', jk, 'lk', 'bx', 'rk', 'ps', 'q')
+  local x = route(jk)
   for _, list in ipairs(dest_lists(gkp, x[1], x[2], x[3], x[4], x[5], dead_queue)) do
     local oldest = oldest_release(list)
     if oldest and oldest <= released then return 'waiting' end
@@ -88,14 +99,15 @@ end
 for i = 12, #ARGV do
   local id = ARGV[i]
   local jk = prefix .. id
-  local r = redis.call('HMGET', jk, 'st', 'msg', 'rr', 'released', 'started')
+  local r = redis.call('HMGET', jk, 'st', 'msg', 'rr', 'released', 'started', 'tg')
+  if not r[2] and r[6] then r[2] = message_of(shard_base(jk), jk, id, r[6]) end  -- compact: as it went out
   local outcome = where(id, jk, r)
   if outcome == 'gone' or outcome == 'exhausted' then
     redis.call('ZREM', KEYS[1], id)
   elseif outcome == 'held' or outcome == 'waiting' then
     redis.call('ZADD', KEYS[1], now, id)  -- look again in another requeue_after
   elseif mode == 'direct' then
-    local x = redis.call('HMGET', jk, 'lk', 'bx', 'rk', 'ps', 'q')
+    local x = route(jk)
     for _, list in ipairs(dest_lists(gkp, x[1], x[2], x[3], x[4], x[5], dead_queue)) do
       redis.call('LPUSH', list, r[2])
     end

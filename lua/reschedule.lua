@@ -12,6 +12,7 @@ ARGV[4]  bucket width, ms (0 = one due set)
 ARGV[5]  wake channel      {p}:wake
 ARGV[6]  shard number
 ARGV[7]  '1' to append to the change log (a database mirrors the store), '' not
+ARGV[8]  how long, ms, a compact job's template must outlive its due time (the record ttl)
 
 The message's delayed_eta header (what the task sees as request.eta) gets the new due time.
 
@@ -27,9 +28,10 @@ the due set (released, or held again, when due).
 -- @include "changes"
 -- @include "eta"
 -- @include "ops"
+-- @include "compact"
 
 local jk, id = KEYS[4], ARGV[2]
-local st, due, task, q = unpack(redis.call('HMGET', jk, 'st', 'due', 'task', 'q'))
+local st, due, task, q, tp = unpack(redis.call('HMGET', jk, 'st', 'due', 'task', 'q', 'tp'))
 if not st then return {NOT_FOUND, '', 0} end
 if st ~= 'SCHEDULED' then return {WRONG_STATE, st, 0} end
 local bucket_ms = tonumber(ARGV[4])
@@ -37,9 +39,16 @@ local new_due = due_from(ARGV[3], now_ms(ARGV[1]))
 due_rem(KEYS[1], KEYS[2], id, tonumber(due), bucket_ms)
 due_add(KEYS[1], KEYS[2], id, new_due, bucket_ms)
 redis.call('HSET', jk, 'due', new_due)
-local msg = redis.call('HGET', jk, 'msg')
-if msg then redis.call('HSET', jk, 'msg', with_eta(msg, new_due)) end
 local base = shard_base(jk)
+local msg = redis.call('HGET', jk, 'msg')
+if msg then
+  redis.call('HSET', jk, 'msg', with_eta(msg, new_due))
+elseif tp then  -- compact: its delayed_eta field, and a template that lives as long as the job needs it
+  redis.call('HSET', jk, 'e', '"' .. iso_utc(new_due) .. '"')
+  local tk, want = base .. 'tpl:' .. tp, new_due - now_ms(ARGV[1]) + (tonumber(ARGV[8]) or 0)
+  if redis.call('PTTL', tk) < want then redis.call('PEXPIRE', tk, want) end
+end
+task, q = route_of(base, task, q, tp)
 ix_add(base, task, q, id, new_due)
 redis.call('ZREM', base .. 'held', id)
 maybe_wake(KEYS[3], ARGV[5], ARGV[6], new_due)

@@ -3,6 +3,7 @@
 KEYS[1]  due set base      {p}:{s}:due
 KEYS[2]  bucket index      {p}:{s}:buckets
 KEYS[3]  next due key      {p}:{s}:next
+KEYS[4]  (compact jobs only) their template {p}:{s}:tpl:<tp>
 ARGV[1]  now, epoch ms ('' = the Redis server's TIME)
 ARGV[2]  job key prefix    {p}:{s}:job:
 ARGV[3]  bucket width, ms (0 = one due set)
@@ -16,6 +17,11 @@ then F field names; then per job: id, due, F field values (an empty value is
   once), or '+<ms>', a delay added to now (the Redis server's clock).
   (Shared fields are sent once per call: every argument becomes a Lua string,
   and that, more than the writes, is what a large batch costs.)
+  Shared pairs whose name starts with '~' are not stored: '~task' and '~q'
+  name the task and queue of compact jobs (for the pending index), '~tpl' is
+  their template's JSON (stored at KEYS[4]), '~keep' how long, ms, the
+  template must outlive the latest due time of the call (a released job's
+  record may need it again until it expires).
 
 The record gets st=SCHEDULED, due, created (now), the shared and its own fields;
 an `exp` given as '+<ms>' (Celery's relative `expires`) becomes now + ms.
@@ -26,7 +32,12 @@ refuses the old generation's messages (start.lua compares `gen`).
 Each stored job is also indexed by task and queue, and counted (`scheduled`)
 in the shard's stats (includes/ops.lua).
 Returns one entry per job, in order: '=<due ms>' when stored;
-'<state>|<due>|<gen>' of the record already held under that id.
+'<state>|<due>|<gen>' of the record already held under that id; or {'!tpl'}
+when KEYS[4] is given, does not exist and no '~tpl' came with the call
+(nothing is written: call again with it).
+
+Compact jobs (store/compact.py) keep their template alive: its TTL is pushed
+to at least the latest due time of the call plus '~keep'.
 ]]
 -- @include "common"
 -- @include "due_index"
@@ -44,13 +55,23 @@ local function field_value(name, v)
   if name == 'exp' and string.byte(v, 1) == 43 then return now + tonumber(string.sub(v, 2)) end
   return v
 end
-for j = 7, at - 1, 2 do rec[#rec + 1] = ARGV[j]; rec[#rec + 1] = field_value(ARGV[j], ARGV[j + 1]) end
+local task0, q0, tpl, keep = nil, nil, nil, 0  -- the pending index: shared fields or hints; a template
+for j = 7, at - 1, 2 do
+  local name, v = ARGV[j], ARGV[j + 1]
+  if string.byte(name, 1) == 126 then  -- '~': a hint, not a field
+    if name == '~task' then task0 = v elseif name == '~q' then q0 = v
+    elseif name == '~tpl' then tpl = v elseif name == '~keep' then keep = tonumber(v) end
+  else
+    rec[#rec + 1] = name; rec[#rec + 1] = field_value(name, v)
+    if name == 'task' then task0 = v elseif name == 'q' then q0 = v end
+  end
+end
+if KEYS[4] then
+  if tpl then call('SET', KEYS[4], tpl, 'KEEPTTL') elseif call('EXISTS', KEYS[4]) == 0 then return {'!tpl'} end
+end
 local base, nf = #rec, tonumber(ARGV[at])
 local names, gen_at, exp_at = {}, nil, nil
-local task_at, q_at, task0, q0 = nil, nil, nil, nil  -- the pending index: own fields, or shared ones
-for j = 7, at - 2, 2 do
-  if ARGV[j] == 'task' then task0 = ARGV[j + 1] elseif ARGV[j] == 'q' then q0 = ARGV[j + 1] end
-end
+local task_at, q_at = nil, nil
 for f = 1, nf do
   names[f] = ARGV[at + f]
   if names[f] == 'gen' then gen_at = f elseif names[f] == 'exp' then exp_at = f
@@ -58,7 +79,7 @@ for f = 1, nf do
 end
 local ix, stored = {}, 0
 
-local out, n, i, earliest_new, zs = {}, #ARGV, at + nf + 1, nil, {}
+local out, n, i, earliest_new, zs, latest = {}, #ARGV, at + nf + 1, nil, {}, nil
 while i <= n do
   local id, spec = ARGV[i], ARGV[i + 1]
   local due  -- due_from, inlined: this loop runs once per job of a large batch
@@ -89,6 +110,7 @@ while i <= n do
       if #zs >= 512 then call('ZADD', KEYS[1], unpack(zs)); zs = {} end
     end
     if (not earliest_new) or due < earliest_new then earliest_new = due end
+    if (not latest) or due > latest then latest = due end
     ix_push(ix, task_at and ARGV[i + 1 + task_at] or task0, q_at and ARGV[i + 1 + q_at] or q0, due, id)
     stored = stored + 1
     out[#out + 1] = '=' .. due
@@ -96,6 +118,10 @@ while i <= n do
   i = i + 2 + nf
 end
 if #zs > 0 then call('ZADD', KEYS[1], unpack(zs)) end
+if KEYS[4] and latest then  -- the template outlives every job that needs it
+  local want = latest - now + keep
+  if call('PTTL', KEYS[4]) < want then call('PEXPIRE', KEYS[4], want) end
+end
 if stored > 0 then
   local base = shard_base(KEYS[1])
   ix_flush(base, ix, 'add')

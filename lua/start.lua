@@ -41,6 +41,7 @@ steady, so a full store keeps draining.
 -- @include "common"
 -- @include "changes"
 -- @include "ops"
+-- @include "compact"
 
 local jk = KEYS[1]
 local st, lo, lu, att, gen, due = unpack(redis.call('HMGET', jk, 'st', 'lo', 'lu', 'att', 'gen', 'due'))
@@ -61,7 +62,7 @@ if st == 'RUNNING' and lo ~= ARGV[2] and lu > now then return {BUSY, st, att, lu
 att = redis.call('HINCRBY', jk, 'att', 1)
 lu = now + tonumber(ARGV[3])
 redis.call('HSET', jk, 'st', 'RUNNING', 'lo', ARGV[2], 'lu', lu, 'started', now, 'wk', ARGV[4])
-redis.call('HDEL', jk, 'msg')  -- started: the reconciler will not send it again
+drop_message(jk)  -- started: the reconciler will not send it again
 released_rem(KEYS[2], ARGV[6])
 log_change(KEYS[3], ARGV[7], 'RUNNING', {ARGV[6]})
 -- A running job's record must outlive the run: the TTL set at release is for

@@ -16,11 +16,13 @@ from celery import Celery
 
 from ..errors import DuplicateJob, InvalidOption, UnknownTask
 from ..store import NewJob, Store, get_store, shard_for
+from ..store.compact import Template as CompactTemplate
+from ..store.compact import fast_uuid4
 from ..timeutil import due_spec, eta_iso
 from ..vocab import ETA_HEADER, GENERATION_HEADER, SHARD_HEADER, STORE_HEADER, Field, job_headers
 from .message import build_message, check_options, parent_ids, route_fields
 from .misfire import check_expiry, release_fields
-from .template import Template, fast_uuid4, template_for
+from .template import Template, template_for
 
 #: Namespace of job ids derived from idempotency keys (uuid5).
 IDEMPOTENCY_NAMESPACE = uuid.UUID("5b0e7a4c-2f47-4f3e-9d0a-6c3e1f0d9a11")
@@ -178,8 +180,9 @@ def prepare(
     fast = None if properties else _render_fast(
         app, store, name, args or (), kwargs or {}, job_id, shard, options, headers, task_type, release, eta)
     if fast is not None:
-        common, fields = fast
-        return Prepared(NewJob(job_id, shard, due, fields | per_job, common), regenerate is not None, regenerate)
+        common, fields, compact = fast
+        return Prepared(NewJob(job_id, shard, due, fields | per_job, common, compact), regenerate is not None,
+                        regenerate)
     built = build_message(
         app, name, args or (), kwargs or {}, job_id,
         options | {"headers": {**headers, **job_headers(shard, store.config.key_prefix, eta)}},
@@ -193,8 +196,9 @@ def _render_fast(
     app: Celery, store: Store, name: str, args: Sequence[Any], kwargs: Mapping[str, Any], job_id: str,
     shard: int, options: dict[str, Any], headers: Mapping[str, Any], task_type: Any, release: Mapping[str, str],
     eta: str | None,
-) -> tuple[dict[str, str], dict[str, str]] | None:
-    """(shared, all) record fields of a job whose message a cached template renders, else None.
+) -> tuple[dict[str, str], dict[str, str], CompactTemplate] | None:
+    """(shared, all) record fields of a compact job, and its template; None when a cached template
+    cannot make it (the regular path builds its whole message).
 
     The shared fields are one object per template and release settings, so
     that :meth:`Store.schedule` sends them once per call.
@@ -207,11 +211,11 @@ def _render_fast(
     if tmpl is None:
         return None
     root_id, parent_id = parent_ids(app, options.get("root_id"), options.get("parent_id"))
-    text = tmpl.render(job_id, shard, args, kwargs, root_id, parent_id, eta=eta)
-    if text is None or len(text) > max_bytes:
+    own = tmpl.compact_fields(job_id, args, kwargs, root_id, parent_id, eta)
+    if own is None or _too_large(own, max_bytes):
         return None  # the regular path builds it (and raises what it raises)
-    common = shared_fields(store, name, tmpl, release)
-    return common, common | {Field.MESSAGE: text}
+    common, compact = compact_shared(store, name, tmpl, release)
+    return common, common | own, compact
 
 
 def shared_fields(store: Store, name: str, tmpl: Template, release: Mapping[str, str]) -> dict[str, str]:
@@ -227,6 +231,26 @@ def shared_fields(store: Store, name: str, tmpl: Template, release: Mapping[str,
     return common
 
 
+def compact_shared(store: Store, name: str, tmpl: Template,
+                   release: Mapping[str, str]) -> tuple[dict[str, str], CompactTemplate]:
+    """The shared record fields of a template's compact jobs (the template id and the release
+    fields: one object, cached) and the store's template."""
+    rkey = ("compact", tuple(release.items()))
+    common = tmpl.records.get(rkey)
+    route = shared_fields(store, name, tmpl, {})
+    compact = tmpl.compact(route)
+    if common is None or common.get(Field.TEMPLATE) != compact.tid:
+        common = {Field.TEMPLATE: compact.tid, **release}
+        if len(tmpl.records) < 64:
+            tmpl.records[rkey] = common
+    return common, compact
+
+
+def _too_large(own: Mapping[str, str], max_bytes: int) -> bool:
+    """Whether a compact job may be over ``max_payload_bytes``: then the regular path decides."""
+    return sum(len(v) for v in own.values()) > max_bytes // 2
+
+
 _PLAIN_KEYS = frozenset({"args", "kwargs", "when"})
 
 
@@ -237,11 +261,11 @@ class PlainCalls:
     the parent task), so that is resolved once per batch, not once per call.
     """
 
-    __slots__ = ("common", "expires", "n_shards", "parent_id", "root_id", "store", "tmpl", "tz")
+    __slots__ = ("common", "compact", "expires", "n_shards", "parent_id", "root_id", "store", "tmpl", "tz")
 
-    def __init__(self, store: Store, tmpl: Template, common: dict[str, str], root_id: Any, parent_id: Any,
-                 tz: Any, expires: Any = None) -> None:
-        self.store, self.tmpl, self.common, self.tz = store, tmpl, common, tz
+    def __init__(self, store: Store, tmpl: Template, common: dict[str, str], compact: CompactTemplate,
+                 root_id: Any, parent_id: Any, tz: Any, expires: Any = None) -> None:
+        self.store, self.tmpl, self.common, self.compact, self.tz = store, tmpl, common, compact, tz
         self.root_id, self.parent_id = root_id, parent_id
         self.n_shards = store.config.shards
         self.expires = expires
@@ -269,8 +293,8 @@ class PlainCalls:
         if tmpl is None:
             return None
         root_id, parent_id = parent_ids(app, root_id, parent_id)
-        return cls(store, tmpl, shared_fields(store, name, tmpl, release), root_id, parent_id, app.timezone,
-                   options.get("expires"))
+        common, compact = compact_shared(store, name, tmpl, release)
+        return cls(store, tmpl, common, compact, root_id, parent_id, app.timezone, options.get("expires"))
 
     def prepare(self, args: Any, kwargs: Any, when: object) -> Prepared | None:
         """The job of one call, or None (then the regular path prepares it)."""
@@ -279,13 +303,11 @@ class PlainCalls:
             check_expiry(self.expires, due)
         job_id = fast_uuid4()
         shard = shard_for(job_id, self.n_shards)
-        text = self.tmpl.render(job_id, shard, args or (), kwargs or {}, self.root_id, self.parent_id,
-                                eta=eta_iso(when, self.tz))
-        if text is None or len(text) > self.store.config.max_payload_bytes:
+        own = self.tmpl.compact_fields(job_id, args or (), kwargs or {}, self.root_id, self.parent_id,
+                                       eta_iso(when, self.tz))
+        if own is None or _too_large(own, self.store.config.max_payload_bytes):
             return None
-        fields = dict(self.common)
-        fields[Field.MESSAGE] = text
-        return Prepared(NewJob(job_id, shard, due, fields, self.common), False)
+        return Prepared(NewJob(job_id, shard, due, self.common | own, self.common, self.compact), False)
 
 
 def refuse_taken(store: Store, jobs: Sequence[NewJob]) -> None:

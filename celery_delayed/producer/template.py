@@ -40,6 +40,8 @@ from kombu.utils.json import dumps as kombu_json_dumps
 
 from ..config import get_config
 from ..store.broker_layout import Route
+from ..store.compact import Template as CompactTemplate
+from ..store.compact import body_head64, fast_uuid4, job_fields, make_template
 from ..vocab import job_headers
 from .message import build_message
 
@@ -58,10 +60,11 @@ _TOKENS = {
     "id": "@@cd-id-9f1c@@", "root": "@@cd-root-9f1c@@", "parent": "@@cd-parent-9f1c@@",
     "argsrepr": "@@cd-argsrepr-9f1c@@", "kwargsrepr": "@@cd-kwargsrepr-9f1c@@",
     "shard": "@@cd-shard-9f1c@@", "tag": "@@cd-tag-9f1c@@", "body": "@@cd-body-9f1c@@",
-    "eta": "@@cd-eta-9f1c@@",
+    "eta": "@@cd-eta-9f1c@@", "ceta": "@@cd-ceta-9f1c@@",
 }
 _EXPECTED = {"id": 2, "root": 1, "parent": 1, "argsrepr": 1, "kwargsrepr": 1, "shard": 1, "tag": 1, "body": 1,
-             "eta": 1}
+             "eta": 1, "ceta": 1}
+_NAMES = tuple(_TOKENS)
 _SLOT = {name: i for i, name in enumerate(_TOKENS)}
 _ENCODE = JSONEncoder().encode  # what kombu's json dumps does, without its per-call set-up
 _quote = encode_basestring_ascii  # the same for a str, without the encoder's dispatch
@@ -69,13 +72,6 @@ _SIMPLE = (int, float, bool, type(None))
 _EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
 _EMBED_TAIL = ", " + _ENCODE(_EMBED) + "]"
 _ATTR = "_celery_delayed_templates"
-_HEX_VARIANT = {c: "89ab"[int(c, 16) & 3] for c in "0123456789abcdef"}
-
-
-def fast_uuid4() -> str:
-    """A random (version 4) UUID string, as ``str(uuid.uuid4())`` but cheaper."""
-    h = os.urandom(16).hex()
-    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{_HEX_VARIANT[h[16]]}{h[17:20]}-{h[20:]}"
 
 
 def _plain_str(s: str) -> bool:
@@ -108,7 +104,8 @@ def fast_repr(value: Any, maxsize: int) -> str | None:
 class Template:
     """The envelope of one (task, options) pair with slots for the per-call values."""
 
-    __slots__ = ("argsrepr_maxsize", "kwargsrepr_maxsize", "maxlevels", "order", "parts", "records", "route")
+    __slots__ = ("argsrepr_maxsize", "compacts", "kwargsrepr_maxsize", "maxlevels", "order", "parts", "records",
+                 "route")
 
     def __init__(self, parts: list[str], order: list[int], route: Route, amqp: Any, maxlevels: int) -> None:
         self.parts = parts
@@ -119,6 +116,44 @@ class Template:
         self.maxlevels = maxlevels
         #: the caller's cache of the record fields its jobs share (task, queue, destination)
         self.records: dict[Any, dict[str, str]] = {}
+        #: the store's compact template of these messages, per set of routing fields
+        self.compacts: dict[Any, CompactTemplate] = {}
+
+    def compact(self, route_fields: Mapping[str, str]) -> CompactTemplate:
+        """The store's template of these messages (``store/compact.py``), with their routing fields."""
+        key = tuple(sorted(route_fields.items()))
+        t = self.compacts.get(key)
+        if t is None:
+            t = make_template(self.parts, [_NAMES[i] for i in self.order], _EMBED_TAIL, route_fields)
+            if len(self.compacts) < 64:
+                self.compacts[key] = t
+        return t
+
+    def _reprs(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[str, str]:
+        ar = fast_repr(args, self.argsrepr_maxsize)
+        if ar is None:
+            ar = saferepr(args, self.argsrepr_maxsize, maxlevels=self.maxlevels)
+        kr = fast_repr(kwargs, self.kwargsrepr_maxsize) if kwargs else "{}"
+        if kr is None:
+            kr = saferepr(kwargs, self.kwargsrepr_maxsize, maxlevels=self.maxlevels)
+        return ar, kr
+
+    def compact_fields(
+        self, task_id: str, args: Sequence[Any], kwargs: Mapping[str, Any], root_id: str | None,
+        parent_id: str | None, eta: str | None = None,
+    ) -> dict[str, str] | None:
+        """The per-job fields of a compact record (``store/compact.py``), or None (the regular path)."""
+        if type(args) not in (tuple, list) or type(kwargs) is not dict:
+            return None
+        if not args:
+            args = ()
+        try:
+            head = body_head64(_ENCODE(args), _ENCODE(kwargs) if kwargs else "{}")
+        except (TypeError, ValueError):
+            return None
+        ar, kr = self._reprs(args, kwargs)
+        return job_fields(task_id, _quote(ar), _quote(kr), head, None if eta is None else _quote(eta),
+                          root_id, parent_id)
 
     def render(
         self, task_id: str, shard: int, args: Sequence[Any], kwargs: Mapping[str, Any],
@@ -133,17 +168,12 @@ class Template:
             body = "[" + _ENCODE(args) + ", " + (_ENCODE(kwargs) if kwargs else "{}") + _EMBED_TAIL
         except (TypeError, ValueError):
             return None
-        ar = fast_repr(args, self.argsrepr_maxsize)
-        if ar is None:
-            ar = saferepr(args, self.argsrepr_maxsize, maxlevels=self.maxlevels)
-        kr = fast_repr(kwargs, self.kwargsrepr_maxsize) if kwargs else "{}"
-        if kr is None:
-            kr = saferepr(kwargs, self.kwargsrepr_maxsize, maxlevels=self.maxlevels)
+        ar, kr = self._reprs(args, kwargs)
         values = (
             _quote(task_id), _quote(root_id or task_id), "null" if parent_id is None else _quote(parent_id),
             _quote(ar), _quote(kr), str(shard), _quote(tag or fast_uuid4()),
             '"' + base64.b64encode(body.encode("utf-8")).decode("ascii") + '"',
-            "null" if eta is None else _quote(eta),
+            "null" if eta is None else _quote(eta), "null",
         )
         parts = self.parts
         out = [parts[0]]
@@ -177,7 +207,10 @@ def _make(app: Celery, name: str, options: Mapping[str, Any], headers: Mapping[s
     env = json.loads(built.body)
     if env.get("content-type") != "application/json" or "compression" in env["headers"]:
         return None
+    if env["headers"].get("eta", 0) is not None:
+        return None  # Celery's eta header must be null here: a look-ahead release sets it
     env["headers"]["argsrepr"], env["headers"]["kwargsrepr"] = _TOKENS["argsrepr"], _TOKENS["kwargsrepr"]
+    env["headers"]["eta"] = _TOKENS["ceta"]
     env["properties"]["delivery_tag"] = _TOKENS["tag"]
     env["body"] = _TOKENS["body"]
     text = kombu_json_dumps(env)

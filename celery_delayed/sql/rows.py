@@ -150,10 +150,11 @@ class JobRows:
         """The row of a prepared job (its due time resolved to epoch ms)."""
         due = int(job.due[1:]) + now_ms if job.due.startswith("+") else int(job.due)
         ik = job.fields.get(Field.IDEMPOTENCY_KEY) or None
-        record = {k: v for k, v in job.fields.items() if v}
+        fields = job.full_fields()  # a compact job with its message rendered: the row rebuilds it alone
+        record = {k: v for k, v in fields.items() if v}
         return {
-            "prefix": self.prefix, "id": job.id, "shard": job.shard, "task": job.fields.get(Field.TASK, ""),
-            "queue": job.fields.get(Field.QUEUE, ""), "state": JobState.SCHEDULED.value, "due_ms": due,
+            "prefix": self.prefix, "id": job.id, "shard": job.shard, "task": fields.get(Field.TASK, ""),
+            "queue": fields.get(Field.QUEUE, ""), "state": JobState.SCHEDULED.value, "due_ms": due,
             "record": json.dumps(record, separators=(",", ":")), "idempotency_key": ik,
             "key_hash": key_hash(ik) if ik else None, "generation": generation, "attempts": 0,
             "created_ms": now_ms, "updated_ms": now_ms, "finished_ms": None,

@@ -26,8 +26,10 @@ from redis.exceptions import NoScriptError, ResponseError
 from ..config import DelayedConfig, broker_url, get_config
 from ..errors import ConfigurationError, InvalidOption, InvalidState, JobNotFound, LeaseLost, raise_for
 from ..vocab import ETA_FALLBACK_LAST, ETA_FALLBACKS, Field, JobState, Reply
+from . import compact
 from .broker_layout import BrokerLayout, same_redis
 from .client import make_client, translate_errors
+from .compact import Template
 from .keys import Keys, ShardKeys, index_part, parse_index_part, shard_for
 from .lane import Lanes
 from .loader import Arg, Script, Scripts, scripts
@@ -37,6 +39,10 @@ from .records import NEW_JOB_FIELDS, Batch, NewJob, Outcome, Scheduled, Started
 _REFUSED_DELAY_MS = 1000
 #: Payload prefix of a membership notice on the wake channel.
 MEMBERS_NOTICE = "members|"
+
+
+#: Record fields that hold a job's message (full, or a compact record's own part).
+_MESSAGE_FIELDS = (Field.MESSAGE, Field.TAG, *(f for f in compact.FIELDS if f != Field.TEMPLATE))
 
 
 def _now(now_ms: int | None) -> str:
@@ -80,6 +86,10 @@ class Store:
         self._layout_ok = False
         self._scripts: Scripts | None = None
         self._lanes = Lanes(self.client)
+        #: (shard, template id) this store sent to the server (compact records)
+        self._templates_sent: set[tuple[int, str]] = set()
+        #: templates read back from the server, by id (a template never changes: its id is its digest)
+        self._templates: dict[str, Template] = {}
 
     @property
     def scripts(self) -> Scripts:
@@ -234,10 +244,21 @@ class Store:
             groups[(job.shard, id(job.common))].append(i)
         calls: list[tuple[list[str], list[Arg]]] = []
         order: list[tuple[int, list[int]]] = []
+        compact: list[Template | None] = []
         for (shard, _), idx in groups.items():
             sk = self.keys.shard(shard)
             common = jobs[idx[0]].common or {}
             shared = [x for f in NEW_JOB_FIELDS if common.get(f) for x in (f, common[f])]
+            keys = [sk.due, sk.buckets, sk.next]
+            tmpl = jobs[idx[0]].template
+            compact.append(tmpl)
+            if tmpl is not None:  # compact jobs: their template's key, and what the index needs
+                keys.append(sk.template(tmpl.tid))
+                route = tmpl.fields
+                shared += ["~task", route.get(Field.TASK, ""), "~q", route.get(Field.QUEUE, ""),
+                           "~keep", str(self.config.record_ttl_ms)]
+                if (shard, tmpl.tid) not in self._templates_sent:
+                    shared += ["~tpl", tmpl.text]
             present = set().union(*(jobs[i].fields.keys() for i in idx))
             own = [f for f in NEW_JOB_FIELDS
                    if f in present and f not in common and any(jobs[i].fields.get(f) for i in idx)]
@@ -250,9 +271,20 @@ class Store:
                 for i in idx:
                     job = jobs[i]
                     args += [job.id, job.due, *(job.fields.get(f, "") for f in own)]
-            calls.append(([sk.due, sk.buckets, sk.next], args))
+            calls.append((keys, args))
             order.append((shard, idx))
         replies = self._run_many(self.scripts.schedule, calls)
+        for n, reply in enumerate(replies):
+            tmpl = compact[n]
+            if tmpl is None:
+                continue
+            shard = order[n][0]
+            if reply == ["!tpl"]:  # the server has not got the template (first use, or it was lost): send it
+                keys, args = calls[n]
+                at = 6 + 2 * int(args[5])
+                args = [*args[:5], int(args[5]) + 1, *args[6:at], "~tpl", tmpl.text, *args[at:]]
+                replies[n] = self._run(self.scripts.schedule, keys, args)
+            self._templates_sent.add((shard, tmpl.tid))
         out: list[Scheduled | None] = [None] * len(jobs)
         for (shard, idx), reply in zip(order, replies, strict=True):
             for i, entry in zip(idx, reply, strict=True):
@@ -316,14 +348,55 @@ class Store:
         rec = {str(k): str(v) for k, v in self.client.hgetall(self.keys.shard(s).job(job_id)).items()}
         if not rec:
             raise JobNotFound(job_id)
-        rec.pop(Field.MESSAGE, None)
+        for f in _MESSAGE_FIELDS:
+            rec.pop(f, None)
+        if Field.TEMPLATE in rec and Field.TASK not in rec:  # a compact pending job: its template routes it
+            t = self.template(s, rec[Field.TEMPLATE])
+            if t is not None:
+                rec.update(t.fields)
         rec["id"], rec["shard"] = job_id, str(s)
         return rec
 
     def message(self, job_id: str, shard: int) -> str | None:
-        """The job's stored kombu envelope (JSON), while it has one (until release), else None."""
-        msg = self.client.hget(self.keys.shard(shard).job(job_id), Field.MESSAGE)
-        return None if msg is None else str(msg)
+        """The job's stored kombu envelope (JSON), while it has one (until it starts), else None."""
+        return self.messages([(shard, job_id)])[0]
+
+    def messages(self, jobs: Sequence[tuple[int, str]]) -> list[str | None]:
+        """The stored envelopes of (shard, id) pairs, one round trip (a compact record's rendered)."""
+        pipe = self.client.pipeline(transaction=False)
+        for shard, job_id in jobs:
+            pipe.hmget(self.keys.shard(shard).job(job_id), Field.MESSAGE, Field.TEMPLATE, Field.TAG, *compact.FIELDS)
+        out: list[str | None] = []
+        for (shard, job_id), got in zip(jobs, pipe.execute(), strict=True):
+            msg, tid, tag = got[0], got[1], got[2]
+            if msg is not None:
+                out.append(str(msg))
+                continue
+            rec = {k: str(v) for k, v in zip(compact.FIELDS, got[3:], strict=True) if v is not None}
+            t = self.template(shard, str(tid)) if tid is not None and "b" in rec else None
+            out.append(None if t is None else compact.render(t, job_id, shard, rec, str(tag or "0")))
+        return out
+
+    def template(self, shard: int, tid: str) -> Template | None:
+        """A compact records' template of ``shard`` (cached: a template never changes), or None."""
+        t = self._templates.get(tid)
+        if t is None:
+            text = self.client.get(self.keys.shard(shard).template(tid))
+            if text is None:
+                return None
+            t = Template.from_text(str(text))
+            if len(self._templates) < 1024:
+                self._templates[tid] = t
+        return t
+
+    def route_of(self, shard: int, task: str | None, queue: str | None, tid: str | None) -> tuple[str, str]:
+        """(task, queue) of a record: its own fields, or its template's (a compact pending job)."""
+        if task is None and tid:
+            t = self.template(shard, tid)
+            if t is not None:
+                fields = t.fields
+                return fields.get(Field.TASK, ""), fields.get(Field.QUEUE, "")
+        return task or "", queue or ""
 
     def cancel(
         self, job_id: str, shard: int | None = None, now_ms: int | None = None, running: bool = False,
@@ -358,7 +431,8 @@ class Store:
         sk = self.keys.shard(s)
         code, state, new_due = self._run(
             self.scripts.reschedule, [sk.due, sk.buckets, sk.next, sk.job(job_id), sk.changes],
-            [_now(now_ms), job_id, due, self.config.bucket_ms, self.keys.wake, s, self.logs_changes],
+            [_now(now_ms), job_id, due, self.config.bucket_ms, self.keys.wake, s, self.logs_changes,
+             self.config.record_ttl_ms],
         )
         raise_for(code, job_id, state, "reschedule")
         return int(new_due)
@@ -717,12 +791,27 @@ class Store:
         return [(str(reply[i]), str(reply[i + 1])) for i in range(1, len(reply), 2)]
 
     def records(self, shard: int, ids: Sequence[str]) -> dict[str, dict[str, str]]:
-        """The records of ``ids`` in one shard (message included; {} for a job without one), one round trip."""
+        """The records of ``ids`` in one shard (message included; {} for a job without one), one round trip.
+
+        A compact record comes back as a full one (its routing fields and its
+        rendered message): what a database row keeps.
+        """
         sk = self.keys.shard(shard)
         pipe = self.client.pipeline(transaction=False)
         for job_id in ids:
             pipe.hgetall(sk.job(job_id))
-        return {j: {str(k): str(v) for k, v in rec.items()} for j, rec in zip(ids, pipe.execute(), strict=True)}
+        out = {j: {str(k): str(v) for k, v in rec.items()} for j, rec in zip(ids, pipe.execute(), strict=True)}
+        for job_id, rec in out.items():
+            if Field.MESSAGE not in rec and "b" in rec and Field.TEMPLATE in rec:
+                t = self.template(shard, rec[Field.TEMPLATE])
+                if t is None:
+                    continue
+                msg = compact.render(t, job_id, shard, rec, rec.get(Field.TAG) or compact.fast_uuid4())
+                for f in _MESSAGE_FIELDS:
+                    rec.pop(f, None)
+                rec.update({k: v for k, v in t.fields.items() if k not in rec})
+                rec[Field.MESSAGE] = msg
+        return out
 
     def record_states(self, shard: int, ids: Sequence[str]) -> dict[str, str | None]:
         """The state of each job's record in one shard (None: no record), one round trip."""

@@ -11,7 +11,10 @@ so a script that touches one shard touches one slot::
     {prefix}:{<s>}:inflight            ZSET   job id -> claim deadline (publish path)
     {prefix}:{<s>}:lease               STRING "<owner>|<fence>" of the scheduler releasing it
     {prefix}:{<s>}:fence               STRING fencing counter, INCR on every hand-over
-    {prefix}:{<s>}:job:<id>            HASH   the job record (see ``store.py``)
+    {prefix}:{<s>}:job:<id>            HASH   the job record (see ``records.py``)
+    {prefix}:{<s>}:tpl:<tid>           STRING a compact records' template, JSON (``compact.py``):
+                                              expires after the latest due time of its
+                                              jobs plus the record ttl
     {prefix}:{<s>}:dlq                 ZSET   dead job id -> time it died (epoch ms)
     {prefix}:{<s>}:released            ZSET   released, not started job id -> due time (or
                                               when it was last released again): the
@@ -148,6 +151,10 @@ class ShardKeys:
 
     def job(self, job_id: str) -> str:
         return f"{self.base}:job:{job_id}"
+
+    def template(self, tid: str) -> str:
+        """A compact records' template (``store/compact.py``)."""
+        return f"{self.base}:tpl:{tid}"
 
     @property
     def paused(self) -> str:

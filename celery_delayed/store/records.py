@@ -69,10 +69,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..vocab import JobState, Reply
+from ..vocab import Field, JobState, Reply
+from .compact import FIELDS as COMPACT_FIELDS
+from .compact import Template, fast_uuid4, render
 
 #: Record fields a new job may carry, in the order schedule.lua receives them.
-NEW_JOB_FIELDS = ("task", "q", "ex", "rk", "msg", "lk", "bx", "ps", "ev", "sk", "ik", "exp", "ml", "mf", "gen", "ob")
+NEW_JOB_FIELDS = ("task", "q", "ex", "rk", "msg", "lk", "bx", "ps", "ev", "sk", "ik", "exp", "ml", "mf", "gen", "ob",
+                  *COMPACT_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,21 @@ class NewJob:
     #: fields this job shares with others (the same object for all of them):
     #: a hint that lets :meth:`Store.schedule` send them once per call.
     common: Mapping[str, str] | None = None
+    #: a compact job's template (its fields are then those of ``store/compact.py``)
+    template: Template | None = None
+
+    def full_fields(self) -> dict[str, str]:
+        """The record fields of this job as a full record: a compact job's message rendered.
+
+        What a database row keeps (it must rebuild the job without the template).
+        """
+        if self.template is None:
+            return dict(self.fields)
+        t = self.template
+        out = {k: v for k, v in self.fields.items() if k not in COMPACT_FIELDS}
+        out.update(t.fields)
+        out[Field.MESSAGE] = render(t, self.id, self.shard, self.fields, fast_uuid4())
+        return out
 
 
 @dataclass(frozen=True)

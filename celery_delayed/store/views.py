@@ -177,15 +177,13 @@ class Pending:
         keys = self.store.keys
         pipe = self.store.client.pipeline(transaction=False)
         for _, s, jid in batch:
-            pipe.hmget(keys.shard(s).job(jid), Field.QUEUE, Field.STATE)
-        hits = [(due, s, jid) for (due, s, jid), (q, st) in zip(batch, pipe.execute(), strict=True)
-                if q in queues and st == JobState.SCHEDULED][: limit - len(out)]
+            pipe.hmget(keys.shard(s).job(jid), Field.TASK, Field.QUEUE, Field.STATE, Field.TEMPLATE)
+        hits = [(due, s, jid) for (due, s, jid), (t, q, st, tp) in zip(batch, pipe.execute(), strict=True)
+                if st == JobState.SCHEDULED and self.store.route_of(s, t, q, tp)[1] in queues][: limit - len(out)]
         if not hits:
             return
-        pipe = self.store.client.pipeline(transaction=False)
-        for _, s, jid in hits:
-            pipe.hget(keys.shard(s).job(jid), Field.MESSAGE)
-        out.extend((due, msg) for (due, _, _), msg in zip(hits, pipe.execute(), strict=True) if msg)
+        msgs = self.store.messages([(s, jid) for _, s, jid in hits])
+        out.extend((due, msg) for (due, _, _), msg in zip(hits, msgs, strict=True) if msg)
 
     def _rows(self, batch: list[tuple[int, int, str]], task: str | None, offset: int, skipped: int, limit: int,
               out: list[dict[str, Any]]) -> int:
@@ -193,8 +191,9 @@ class Pending:
         store = self.store
         pipe = store.client.pipeline(transaction=False)
         for _, s, jid in batch:
-            pipe.hmget(store.keys.shard(s).job(jid), Field.TASK, Field.QUEUE, Field.STATE)
-        for (due, s, jid), (tname, q, st) in zip(batch, pipe.execute(), strict=True):
+            pipe.hmget(store.keys.shard(s).job(jid), Field.TASK, Field.QUEUE, Field.STATE, Field.TEMPLATE)
+        for (due, s, jid), (tname, q, st, tp) in zip(batch, pipe.execute(), strict=True):
+            tname, q = store.route_of(s, tname, q, tp)
             if task and tname != task:
                 continue
             if skipped < offset:
@@ -258,9 +257,10 @@ class Pending:
         pipe = store.client.pipeline(transaction=False)
         for _, _, jid, s in entries:
             pipe.hmget(store.keys.shard(s).job(jid), Field.TASK, Field.QUEUE, Field.STATE, Field.IDEMPOTENCY_KEY,
-                       Field.CREATED)
+                       Field.CREATED, Field.TEMPLATE)
         rows = []
-        for (due, _, jid, s), (tname, q, st, ik, created) in zip(entries, pipe.execute(), strict=True):
+        for (due, _, jid, s), (tname, q, st, ik, created, tp) in zip(entries, pipe.execute(), strict=True):
+            tname, q = store.route_of(s, tname, q, tp)
             rows.append({"id": jid, "shard": s, "due": due, "task": tname or "", "queue": q or "", "st": st or "",
                          "ik": ik or "", "created": int(float(created)) if created else None})
         nxt = (entries[-1][0], entries[-1][1], entries[-1][2]) if len(entries) == limit else None

@@ -28,9 +28,10 @@ local function mark_unsent(jk, dlq, id, state, reason, now, ttl)
     -- the dead-letter fields of dead.lua, so `delayed dlq` lists it like any other
     redis.call('HSET', jk, 'st', state, 'reason', reason, 'died', now, 'etype', 'Misfire', 'emsg', reason)
     redis.call('ZADD', dlq, now, id)
+    redis.call('HDEL', jk, 'a', 'k', 'b', 'e', 'i', 'r', 'pa', 'tg')  -- a compact one is in `msg` by now
   else
     redis.call('HSET', jk, 'st', state, 'reason', reason, 'finished', now)
-    redis.call('HDEL', jk, 'msg')
+    redis.call('HDEL', jk, 'msg', 'a', 'k', 'b', 'e', 'i', 'r', 'pa', 'tg')  -- its message, full or compact
     redis.call('PEXPIRE', jk, ttl)
   end
 end

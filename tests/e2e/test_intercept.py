@@ -91,14 +91,14 @@ def test_publish_options_dropped_unknown_options_kept_as_properties(redis_url, u
     h = mark.apply_async(args=(1,), countdown=60, retry=True, retry_policy={"max_retries": 1}, mandatory=False,
                          priority=5, headers={"tenant": "acme"})
     assert isinstance(h, DelayedResult) and store.get(h.id)["st"] == "SCHEDULED"
-    env = json.loads(rclient.hget(store.keys.shard(h.shard).job(h.id), "msg"))
+    env = json.loads(store.message(h.id, h.shard))
     assert env["headers"]["tenant"] == "acme" and env["properties"]["priority"] == 5
     assert env["headers"]["eta"] is None and env["headers"]["id"] == h.id
     # an option Celery does not know: a message property, as kombu's publish makes it (stored, no warning)
     with caplog.at_level("WARNING", logger="celery_delayed.intercept"):
         other = mark.apply_async(args=(2,), countdown=60, some_option="x")
     assert isinstance(other, DelayedResult) and not caplog.text
-    env = json.loads(rclient.hget(store.keys.shard(other.shard).job(other.id), "msg"))
+    env = json.loads(store.message(other.id, other.shard))
     assert env["properties"]["some_option"] == "x"
     # a message the store refuses (a priority over 255; kombu's Redis transport takes it as 9): Celery's
     # ETA message, as before, and a warning says why

@@ -29,7 +29,7 @@ def test_a_plain_task_from_the_store_is_tracked(redis_url, uid, rclient, workers
     cancelled = apply_later(app, "e2e.plain", args=(2,), when=0, strict=False)
     assert _release_all(app) == 2
     assert cancelled.cancel()  # after release: the worker must skip it
-    copy_of = rclient.hget(get_store(app).keys.shard(runs.shard).job(runs.id), "msg")
+    copy_of = get_store(app).message(runs.id, runs.shard)
     plain = app.send_task("e2e.plain", args=(3,), queue=queue)  # not from the store: runs as ever
     w = WorkerProcess(redis_url, prefix, queue, concurrency=2)
     workers.append(w)

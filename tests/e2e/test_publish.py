@@ -163,7 +163,9 @@ def test_publish_path_rabbitmq_end_to_end(redis_url, rabbitmq_url, uid, workers,
     s1 = SchedulerProcess(rabbitmq_url, prefix, rabbit_queue, store=redis_url, conf=conf)
     workers.append(s1)
     w.wait_ready()
-    ids = schedule(app, 600, lambda i: 3.0 * i / 600)
+    # due over 3 s after the look-ahead window: SIGTERM comes when some are out, some not
+    la = get_store(app).config.lookahead_ms / 1000
+    ids = schedule(app, 600, lambda i: la + 3.0 * i / 600)
     time.sleep(1.5)
     s1.proc.send_signal(signal.SIGTERM)
     s1.proc.wait(10)

@@ -35,9 +35,10 @@ def test_scheduler_survives_a_redis_restart(uid, workers):
         workers.append(s)
         wait_for(lambda: client.zcard(f"{prefix}:schedulers") and subscribed(client, wake), 30,
                  what="the scheduler to start")
-        # Due while Redis is down.
+        # Due (and within the look-ahead window) only while Redis is down.
+        when = store.config.lookahead_ms / 1000 + 1.5
         during = [h.id for h in apply_later_many(
-            app, "e2e.mark", [{"args": (i,), "when": 1.5} for i in range(20)], strict=False)]
+            app, "e2e.mark", [{"args": (i,), "when": when} for i in range(20)], strict=False)]
         time.sleep(0.3)
 
         server.stop()  # SIGTERM: Redis writes its AOF and exits

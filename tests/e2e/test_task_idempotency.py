@@ -107,8 +107,7 @@ def test_redelivered_completed_task_is_skipped(redis_url, uid, rclient, workers)
     prefix, queue = app.conf.delayed_key_prefix, app.conf.task_default_queue
     store = get_store(app)
     h = apply_later(app, "e2e.mark", when=0, strict=False)
-    jk = store.keys.shard(h.shard).job(h.id)
-    msg, lk = rclient.hmget(jk, "msg", "lk")
+    msg, lk = store.message(h.id, h.shard), store.get(h.id, h.shard)["lk"]
     assert _release_all(app) == 1
     w = WorkerProcess(redis_url, prefix, queue, concurrency=2)
     workers.append(w)

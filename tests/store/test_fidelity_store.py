@@ -22,7 +22,7 @@ from celery_delayed.timeutil import from_ms
 
 
 def _headers(store: Any, job_id: str, shard: int) -> dict[str, Any]:
-    return json.loads(store.client.hget(store.keys.shard(shard).job(job_id), "msg"))["headers"]  # type: ignore[no-any-return]
+    return json.loads(store.message(job_id, shard) or "")["headers"]  # type: ignore[no-any-return]
 
 
 def test_the_eta_header_is_the_due_time_as_celery_writes_it(redis_url, uid):
@@ -53,7 +53,7 @@ def test_reschedule_rewrites_the_eta_header(redis_url, uid, due_ms):
     got = _headers(store, h.id, h.shard)["delayed_eta"]
     assert datetime.fromisoformat(got) == datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(milliseconds=due_ms)
     assert got.endswith("000+00:00")
-    env = json.loads(store.client.hget(store.keys.shard(h.shard).job(h.id), "msg"))
+    env = json.loads(store.message(h.id, h.shard) or "")
     assert env["headers"]["id"] == h.id  # the rest of the envelope is intact
 
 

@@ -381,8 +381,8 @@ def test_apply_later_message_equals_apply_async(redis_url: str, uid: str, client
     client.delete(key)
     p = prepare(app, dt.name, (1,), {"b": "x"}, 5, task_id=tid, task_type=dt,
                 options=task_defaults(dt) | opts)
-    assert key == p.job.fields["lk"] == f"r{uid}{SEP}6"
-    mine = json.loads(p.job.fields["msg"])
+    assert key == p.job.full_fields()["lk"] == f"r{uid}{SEP}6"
+    mine = json.loads(p.job.full_fields()["msg"])
     assert mine["headers"].pop("delayed_shard") == p.job.shard
     assert mine["headers"].pop("delayed_store") == app.conf.delayed_key_prefix
     # the due time, as Celery writes an eta: what the task sees as request.eta (no eta: not held)
@@ -424,8 +424,8 @@ def test_repeated_calls_match_apply_async(redis_url: str, uid: str, client: redi
             client.delete(key)
             p = prepare(app, rep.name, args, kwargs, 5, task_id=tid, task_type=rep,
                         options=task_defaults(rep) | opts)
-            assert key == p.job.fields["lk"]
-            mine = json.loads(p.job.fields["msg"])
+            assert key == p.job.full_fields()["lk"]
+            mine = json.loads(p.job.full_fields()["msg"])
             assert mine["headers"].pop("delayed_shard") == p.job.shard
             assert mine["headers"].pop("delayed_store") == app.conf.delayed_key_prefix
             assert datetime.fromisoformat(mine["headers"].pop("delayed_eta")) > datetime.now(timezone.utc)

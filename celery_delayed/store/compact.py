@@ -1,0 +1,159 @@
+"""Compact job records: a pending job stores what differs per job; the rest of its message is shared.
+
+A Celery message for one task with one set of options is the same from job to
+job except for the ids, ``argsrepr``/``kwargsrepr``, the arguments, the
+``delayed_eta``/``eta`` headers, the shard header and the delivery tag. A
+compact record holds only those (fields below) and the id of a
+:class:`Template` stored once per shard (``{p}:{s}:tpl:<id>``, a JSON string):
+the envelope cut at those places, the base64 tail of the body, and the routing
+fields every job of the template shares (task, queue, exchange, routing key,
+list key ...). The release script joins them (``lua/includes/compact.lua``);
+:func:`render` here is its twin, byte for byte, for the Python readers
+(``Store.message``, the database rows).
+
+Per-job fields (all JSON text as it goes into the envelope, short enough for
+Redis to keep the record a listpack):
+
+====  =====================================================================
+tp    the template id
+a     argsrepr (a JSON string)
+k     kwargsrepr (absent: ``"{}"``)
+b     base64 of the body's head, ``[<args>, <kwargs>`` padded with spaces to
+      a multiple of 3 bytes, so that the template's base64 tail can follow it
+e     the ``delayed_eta`` header (absent: null)
+i     the id as a JSON string, when quoting changes it (absent: ``"<id>"``)
+r     root_id (absent: the id), pa: parent_id (absent: null)
+tg    set at release: the delivery tag's suffix (the tag is ``"<id>.<tg>"``),
+      so that the reconciler can find the released copy in kombu's unacked hash
+====  =====================================================================
+
+The body differs from Celery's own by the padding (up to two spaces before the
+comma that precedes the embedded options): the JSON a worker decodes is the same.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+#: The slots of a template, in the names the Lua include uses.
+SLOTS = ("id", "root", "parent", "argsrepr", "kwargsrepr", "shard", "tag", "body", "eta", "ceta")
+#: The per-job record fields of a compact job (besides st, due, created and the release fields).
+FIELDS = ("tp", "a", "k", "b", "e", "i", "r", "pa")
+#: The routing fields a template holds for its jobs (the record fields of a full job).
+ROUTE_FIELDS = ("task", "q", "ex", "rk", "lk", "bx", "ps")
+
+
+@dataclass(frozen=True)
+class Template:
+    """The shared part of the messages of one task and option set (see the module docstring)."""
+
+    parts: tuple[str, ...]
+    order: tuple[str, ...]  # the slot after each part but the last
+    tail64: str  # base64 of the body's tail
+    route: tuple[tuple[str, str], ...]  # (field, value) of ROUTE_FIELDS, non-empty ones
+
+    @property
+    def text(self) -> str:
+        """The JSON stored in Redis."""
+        return json.dumps({"v": 1, "p": list(self.parts), "o": list(self.order), "t": self.tail64,
+                           "r": dict(self.route)}, separators=(",", ":"), ensure_ascii=False)
+
+    @property
+    def tid(self) -> str:
+        """The template's id: a digest of its text (a changed template is another template)."""
+        return hashlib.sha1(self.text.encode("utf-8")).hexdigest()[:16]
+
+    @property
+    def fields(self) -> dict[str, str]:
+        """The routing fields of its jobs (task, q, ex, rk, and lk or bx/ps)."""
+        return dict(self.route)
+
+    @classmethod
+    def from_text(cls, text: str) -> Template:
+        """The template stored in Redis as ``text``."""
+        d = json.loads(text)
+        return cls(tuple(d["p"]), tuple(d["o"]), str(d["t"]), tuple(sorted(d["r"].items())))
+
+
+def quote(s: str) -> str:
+    """A JSON string as the template's envelope writes it (kombu's json: ASCII, Python's escapes)."""
+    return json.dumps(s)
+
+
+def body_head64(args_json: str, kwargs_json: str) -> str:
+    """Field ``b``: base64 of ``[<args>, <kwargs>`` padded with spaces to a multiple of 3 bytes."""
+    head = ("[" + args_json + ", " + kwargs_json).encode("utf-8")
+    head += b" " * (-len(head) % 3)
+    return base64.b64encode(head).decode("ascii")
+
+
+def job_fields(job_id: str, argsrepr_q: str, kwargsrepr_q: str, head64: str, eta_q: str | None,
+               root_id: str | None, parent_id: str | None) -> dict[str, str]:
+    """The per-job fields of a compact record (template id excluded), empty ones left out."""
+    qid = quote(job_id)
+    out = {"a": argsrepr_q, "b": head64}
+    if kwargs_default(kwargsrepr_q) is None:
+        out["k"] = kwargsrepr_q
+    if eta_q is not None and eta_q != "null":
+        out["e"] = eta_q
+    if qid != '"' + job_id + '"':
+        out["i"] = qid
+    if root_id is not None and root_id != job_id:
+        out["r"] = quote(root_id)
+    if parent_id is not None:
+        out["pa"] = quote(parent_id)
+    return out
+
+
+def kwargs_default(kwargsrepr_q: str) -> str | None:
+    """``'"{}"'`` when the kwargsrepr is the default one (then field ``k`` is left out)."""
+    return kwargsrepr_q if kwargsrepr_q == '"{}"' else None
+
+
+def render(t: Template, job_id: str, shard: int, rec: Mapping[str, str], tag: str,
+           celery_eta: str | None = None) -> str:
+    """The message of a compact record: what ``lua/includes/compact.lua`` pushes, byte for byte.
+
+    ``tag`` is the delivery tag's suffix (``tg``); ``celery_eta`` the value of
+    Celery's ``eta`` header as JSON (a look-ahead release), else null.
+    """
+    qid = rec.get("i") or '"' + job_id + '"'
+    values = {
+        "id": qid,
+        "root": rec.get("r") or qid,
+        "parent": rec.get("pa") or "null",
+        "argsrepr": rec.get("a", '""'),
+        "kwargsrepr": rec.get("k") or '"{}"',
+        "shard": str(shard),
+        "tag": qid[:-1] + "." + tag + '"',
+        "body": '"' + rec.get("b", "") + t.tail64 + '"',
+        "eta": rec.get("e") or "null",
+        "ceta": celery_eta or "null",
+    }
+    out = [t.parts[0]]
+    for i, slot in enumerate(t.order, 1):
+        out.append(values[slot])
+        out.append(t.parts[i])
+    return "".join(out)
+
+
+def fast_uuid4() -> str:
+    """A random (version 4) UUID string, as ``str(uuid.uuid4())`` but cheaper."""
+    h = os.urandom(16).hex()
+    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{_HEX_VARIANT[h[16]]}{h[17:20]}-{h[20:]}"
+
+
+_HEX_VARIANT = {c: "89ab"[int(c, 16) & 3] for c in "0123456789abcdef"}
+
+
+def make_template(parts: Sequence[str], order: Sequence[str], tail: str, route: Mapping[str, Any]) -> Template:
+    """A template from an envelope cut at its slots, the body's tail (text) and the routing fields."""
+    tail64 = base64.b64encode(tail.encode("utf-8")).decode("ascii")
+    kept = tuple(sorted((k, str(v)) for k, v in route.items() if k in ROUTE_FIELDS and v not in (None, "")))
+    return Template(tuple(parts), tuple(order), tail64, kept)

@@ -1,0 +1,74 @@
+-- Compact records (`-- @include "compact"`; celery_delayed/store/compact.py is the
+-- reference): a pending job keeps only what differs per job (fields tp, a, k,
+-- b, e, i, r, pa); its template ({p}:{s}:tpl:<tp>, JSON) holds the rest of the
+-- message and the routing fields its jobs share. A record with a `msg` field
+-- is a full one, as before.
+
+-- The per-job message fields of a compact record, and `tg` (set at release).
+local MSG_FIELDS = {'msg', 'a', 'k', 'b', 'e', 'i', 'r', 'pa', 'tg'}
+
+-- Why a compact job whose template is gone is dead-lettered (it cannot be sent).
+local LOST_TEMPLATE = 'its message template is gone from the store (expired or deleted): it cannot be sent'
+
+-- Decoded templates of this call, by id (false: not in the store).
+local templates = {}
+
+-- The template `tp` of the shard whose keys start with `base` ({p}:{s}:), or false.
+local function template(base, tp)
+  local t = templates[tp]
+  if t == nil then
+    local text = redis.call('GET', base .. 'tpl:' .. tp)
+    t = text and cjson.decode(text) or false
+    templates[tp] = t
+  end
+  return t
+end
+
+-- The shard number in a key of the shard ('{p}:{<s>}:...').
+local function shard_no(key)
+  return string.match(key, ':{(%d+)}:')
+end
+
+-- task and queue of a job: its own fields, or its template's (a compact pending job).
+local function route_of(base, task, q, tp)
+  if (not task) and tp then
+    local t = template(base, tp)
+    if t then return t.r.task, t.r.q end
+  end
+  return task, q
+end
+
+-- The message of a compact record (f: a table with its fields a, k, b, e, i,
+-- r, pa), with delivery tag "<id>.<tg>"; `ceta` is Celery's eta header as JSON
+-- (released ahead of its due time), nil for null.
+local function render(t, id, shard, f, tg, ceta)
+  local qid = f.i or ('"' .. id .. '"')
+  local v = {
+    id = qid, root = f.r or qid, parent = f.pa or 'null', argsrepr = f.a or '""',
+    kwargsrepr = f.k or '"{}"', shard = shard, tag = string.sub(qid, 1, -2) .. '.' .. tg .. '"',
+    body = '"' .. (f.b or '') .. t.t .. '"', eta = f.e or 'null', ceta = ceta or 'null',
+  }
+  local p, o = t.p, t.o
+  local out = {p[1]}
+  for j = 1, #o do
+    out[#out + 1] = v[o[j]]
+    out[#out + 1] = p[j + 1]
+  end
+  return table.concat(out)
+end
+
+-- The message of record `jk` as it went out (or would go out) with tag suffix
+-- `tg`: its `msg`, or rendered from its template; nil when it has neither.
+local function message_of(base, jk, id, tg)
+  local r = redis.call('HMGET', jk, 'msg', 'tp', 'a', 'k', 'b', 'e', 'i', 'r', 'pa')
+  if r[1] then return r[1] end
+  if not (r[2] and r[5]) then return nil end
+  local t = template(base, r[2])
+  if not t then return nil end
+  return render(t, id, shard_no(jk), {a = r[3], k = r[4], b = r[5], e = r[6], i = r[7], r = r[8], pa = r[9]}, tg)
+end
+
+-- Drop a job's message (it started, or will never be sent): the full or the compact one.
+local function drop_message(jk)
+  redis.call('HDEL', jk, unpack(MSG_FIELDS))
+end

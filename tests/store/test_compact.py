@@ -1,0 +1,175 @@
+"""Compact records (store/compact.py, lua/includes/compact.lua) on a real redis-server.
+
+A pending job stores only what differs per job; its template, once per shard,
+holds the rest. What a worker receives must be Celery's message: the Lua
+rendering equals the Python twin byte for byte, and decodes to what
+``build_message`` (Celery's own path) makes of the same call, but for the
+delivery tag and the body's padding. The template outlives its jobs, is sent
+again when the server lost it, and a job whose template is gone anyway is
+dead-lettered, not dropped.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import pytest
+from support import make_app
+
+from celery_delayed import apply_later, apply_later_many, get_store
+from celery_delayed.producer.message import build_message
+from celery_delayed.reconciler import Reconciler  # noqa: F401  (records() is what the reconciler reads)
+from celery_delayed.store import compact
+from celery_delayed.vocab import Field, job_headers
+
+pytestmark = pytest.mark.timeout(60)
+
+TASK = "compact.task"
+TRICKY: list[tuple[tuple[Any, ...], dict[str, Any]]] = [
+    ((), {}),
+    ((1, "a", None, 2.5, True), {}),
+    (("é ü 漢字", 'quote " back \\ slash', "\x00ctl"), {"k": [1, {"n": None}]}),
+    ((10**30, -1, 0.1), {"x": "y" * 70}),
+    ((list(range(50)),), {"nested": {"a": {"b": [1, 2, 3]}}}),
+]
+
+
+def _env(text: str) -> dict[str, Any]:
+    env: dict[str, Any] = json.loads(text)
+    env["properties"].pop("delivery_tag")
+    env["body"] = json.loads(base64.b64decode(env["body"]))  # compact bodies are padded: same JSON
+    return env
+
+
+def _pushed(store: Any, queue: str) -> dict[str, str]:
+    return {json.loads(m)["headers"]["id"]: m for m in store.client.lrange(queue, 0, -1)}
+
+
+def test_release_renders_celerys_message_byte_for_byte_with_the_python_twin(redis_url, uid):
+    app = make_app(redis_url, uid, delayed_shards=2)
+    store = get_store(app)
+    queue = app.conf.task_default_queue
+    handles = [apply_later(app, TASK, args, kwargs, when=0, strict=False) for args, kwargs in TRICKY]
+    handles.append(apply_later(app, TASK, (1,), when=0, strict=False, task_id='id "with" quotes\\é'))
+    handles.append(apply_later(app, TASK, (2,), when=0, strict=False, root_id="the-root", parent_id="the-parent"))
+    before = {}
+    for n, h in enumerate(handles):
+        raw = store.client.hgetall(store.keys.shard(h.shard).job(h.id))
+        assert Field.MESSAGE not in raw and raw[Field.TEMPLATE], "stored compact"
+        if n < 2:  # small arguments: every field under hash-max-listpack-value, a compact listpack
+            assert store.client.object("encoding", store.keys.shard(h.shard).job(h.id)) == "listpack"
+        before[h.id] = raw
+    released = sum(store.release_due(s).count for s in range(2))
+    assert released == len(handles)
+    pushed = _pushed(store, queue)
+    calls = [*TRICKY, ((1,), {}), ((2,), {})]
+    for n, ((args, kwargs), h) in enumerate(zip(calls, handles, strict=True)):
+        rec = store.client.hgetall(store.keys.shard(h.shard).job(h.id))
+        t = store.template(h.shard, before[h.id][Field.TEMPLATE])
+        assert t is not None
+        # the Lua rendering is the Python twin's, byte for byte (tag included)
+        assert pushed[h.id] == compact.render(t, h.id, h.shard, before[h.id], rec[Field.TAG])
+        assert json.loads(pushed[h.id])["properties"]["delivery_tag"] == f"{h.id}.{rec[Field.TAG]}"
+        # ... and it is Celery's message for the same call
+        opts: dict[str, Any] = {"headers": job_headers(h.shard, store.config.key_prefix,
+                                                         json.loads(before[h.id]["e"]))}
+        if n == len(calls) - 1:
+            opts.update(root_id="the-root", parent_id="the-parent")
+        ref = build_message(app, TASK, args, kwargs, h.id, opts, None, max_bytes=1 << 20)
+        assert _env(pushed[h.id]) == _env(ref.body)
+        # released: the record names its task and queue, and keeps its own fields until it starts
+        assert rec[Field.TASK] == TASK and rec[Field.QUEUE] == queue and "b" in rec
+
+
+def test_a_pending_compact_job_reads_like_a_full_one(redis_url, uid):
+    app = make_app(redis_url, uid, delayed_shards=1)
+    store = get_store(app)
+    h = apply_later(app, TASK, (1,), {"a": 2}, when=3600, strict=False)
+    rec = store.get(h.id)
+    assert rec["task"] == TASK and rec["q"] == app.conf.task_default_queue and rec["lk"]
+    assert not {"a", "b", "e", "msg"} & rec.keys()  # the message is not part of the record view
+    env = json.loads(store.message(h.id, 0) or "")
+    assert env["headers"]["id"] == h.id and env["headers"]["eta"] is None
+    full = store.records(0, [h.id])[h.id]  # what a database row keeps: a full record
+    assert json.loads(full["msg"])["headers"]["argsrepr"] == "(1,)" and full["task"] == TASK
+    assert not {"a", "b", "e"} & full.keys()
+
+
+def test_the_template_is_stored_once_per_shard_and_outlives_its_jobs(redis_url, uid):
+    app = make_app(redis_url, uid, delayed_shards=2)
+    store = get_store(app)
+    hs = apply_later_many(app, TASK, [{"args": (i,), "when": 3600} for i in range(40)], strict=False)
+    tids = {store.client.hget(store.keys.shard(h.shard).job(h.id), Field.TEMPLATE) for h in hs}
+    assert len(tids) == 1
+    (tid,) = tids
+    for s in range(2):
+        ttl = store.client.pttl(store.keys.shard(s).template(tid))
+        # at least the latest due time plus the record ttl
+        assert ttl >= 3600_000 + store.config.record_ttl_ms - 60_000, ttl
+    assert len(list(store.client.scan_iter(match=f"{store.keys.prefix}:*tpl:*"))) == 2
+    # a job rescheduled later pushes its template's life on
+    far = apply_later(app, TASK, (9,), when=60, strict=False)
+    store.reschedule(far.id, str(store.now_ms() + 90 * 86_400_000))
+    ttl = store.client.pttl(store.keys.shard(far.shard).template(tid))
+    assert ttl >= 90 * 86_400_000 + store.config.record_ttl_ms - 60_000
+    assert json.loads(store.message(far.id, far.shard) or "")["headers"]["delayed_eta"].startswith(
+        json.loads(store.client.hget(store.keys.shard(far.shard).job(far.id), "e"))[:10])
+
+
+def test_a_template_the_server_lost_is_sent_again(redis_url, uid):
+    app = make_app(redis_url, uid, delayed_shards=1)
+    store = get_store(app)
+    apply_later(app, TASK, (1,), when=60, strict=False)
+    (key,) = store.client.scan_iter(match=f"{store.keys.prefix}:*tpl:*")
+    store.client.delete(key)  # e.g. a Redis restart without persistence, or someone's DEL
+    h = apply_later(app, TASK, (2,), when=0, strict=False)  # this process thinks the server has it
+    assert store.client.exists(key)
+    assert store.release_due(0).ids == [h.id]
+
+
+def test_a_job_whose_template_is_gone_is_dead_lettered_not_lost(redis_url, uid):
+    app = make_app(redis_url, uid, delayed_shards=1)
+    store = get_store(app)
+    h = apply_later(app, TASK, (1,), when=0, strict=False)
+    (key,) = store.client.scan_iter(match=f"{store.keys.prefix}:*tpl:*")
+    store.client.delete(key)
+    batch = store.release_due(0)
+    assert batch.ids == [] and [(i, st) for i, st, _ in batch.not_sent] == [(h.id, "DEAD")]
+    rec = store.get(h.id)
+    assert rec["st"] == "DEAD" and "template" in rec["reason"]
+    assert store.client.zscore(store.keys.shard(0).dlq, h.id) is not None
+
+
+def test_released_ahead_of_its_due_time_a_compact_job_carries_celerys_eta(redis_url, uid):
+    app = make_app(redis_url, uid, delayed_shards=1)
+    store = get_store(app)
+    h = apply_later(app, TASK, (1,), when=1.0, strict=False)
+    assert store.release_due(0, lookahead_ms=5000).ids == [h.id]
+    env = json.loads(store.client.lrange(app.conf.task_default_queue, 0, 0)[0])
+    assert env["headers"]["eta"] == env["headers"]["delayed_eta"] is not None
+
+
+def test_a_misfired_dead_letter_keeps_its_message_and_can_be_requeued(redis_url, uid):
+    app = make_app(redis_url, uid, delayed_shards=1)
+    store = get_store(app)
+    h = apply_later(app, TASK, (1,), when=0, strict=False, misfire="dead", max_lateness=5)
+    batch = store.release_due(0, now_ms=store.now_ms() + 60_000)
+    assert [st for _, st, _ in batch.not_sent] == ["DEAD"]
+    raw = store.client.hgetall(store.keys.shard(0).job(h.id))
+    assert json.loads(raw["msg"])["headers"]["id"] == h.id and "b" not in raw  # rendered into `msg`
+    _, outcomes = store.requeue(0, [h.id], "+0")
+    assert outcomes[0].ok
+    assert store.release_due(0).ids == [h.id]
+
+
+def test_a_started_job_drops_its_message(redis_url, uid):
+    app = make_app(redis_url, uid, delayed_shards=1)
+    store = get_store(app)
+    h = apply_later(app, TASK, (1,), when=0, strict=False)
+    store.release_due(0)
+    assert store.start(h.id, 0, "w|1|t|n").run
+    raw = store.client.hgetall(store.keys.shard(0).job(h.id))
+    assert not set(compact.FIELDS[1:]) & raw.keys() and "msg" not in raw and "tg" not in raw
+    assert raw[Field.TASK] == TASK  # still named (the template may expire before the record)
