@@ -29,7 +29,7 @@ from celery import Celery, signals
 from celery._state import connect_on_app_finalize
 
 from .cancellation import install_revoke
-from .worker import bootstep, control, eta, intercept, kombu_fixes, tracking
+from .worker import bootstep, control, eta, held_restore, intercept, kombu_fixes, tracking
 
 _ATTR = "_celery_delayed_installed"
 _registered = False
@@ -64,4 +64,5 @@ def register_with_celery() -> None:
     connect_on_app_finalize(install)
     signals.worker_init.connect(kombu_fixes.on_worker_init, weak=False)
     signals.worker_init.connect(tracking.on_worker_init, weak=False)
+    signals.worker_init.connect(held_restore.on_worker_init, weak=False)
     signals.celeryd_after_setup.connect(kombu_fixes.on_worker_setup, weak=False)

@@ -5,7 +5,10 @@ time (the caller picked them from the released set). Each is checked again
 here, atomically, and sent again only when its message is nowhere:
 
 - direct path: not held by a worker (kombu's unacked hash has no entry for
-  its delivery tag) and not waiting in its queue (each destination list is
+  its delivery tag, or the entry is older than ARGV[12]: a worker that took
+  it that long ago and has not started it lost it, e.g. with its broker
+  connection, and kombu would restore it only after its visibility timeout)
+  and not waiting in its queue (each destination list is
   empty, or its oldest message, the next one a worker takes, was released
   after this job: the lists are FIFO, so this job's message is not in it);
   then its stored message is pushed again, exactly as release_due pushes it;
@@ -22,6 +25,7 @@ KEYS[3]  bucket index      {p}:{s}:buckets
 KEYS[4]  next due key      {p}:{s}:next
 KEYS[5]  change log        {p}:{s}:changes
 KEYS[6]  direct path: kombu's unacked hash (global_keyprefix + 'unacked')
+KEYS[7]  direct path: kombu's unacked index (global_keyprefix + 'unacked_index': tag -> delivery time, s)
 ARGV[1]  now, epoch ms ('' = the Redis server's TIME)
 ARGV[2]  job key prefix    {p}:{s}:job:
 ARGV[3]  'direct' or 'publish'
@@ -33,7 +37,8 @@ ARGV[8]  bucket width, ms (0 = one due set)
 ARGV[9]  wake channel      {p}:wake
 ARGV[10] shard number
 ARGV[11] '1' to append to the change log (a database mirrors the store), '' not
-ARGV[12..] job ids
+ARGV[12] ms after which a delivered, unstarted message counts as lost by its worker
+ARGV[13..] job ids
 
 Returns {OK, then per job: id, outcome}: 'rereleased'; 'held' (a worker has
 it) or 'waiting' (in its queue): checked again later; 'exhausted' (`max`
@@ -84,9 +89,12 @@ local function where(id, jk, r)
   if rr >= max then return 'exhausted' end
   if mode ~= 'direct' then return 'lost' end
   local ok, env = pcall(cjson.decode, msg)
-  if ok and type(env) == 'table' and type(env.properties) == 'table' and KEYS[6]
-      and redis.call('HEXISTS', KEYS[6], tostring(env.properties.delivery_tag)) == 1 then
-    return 'held'
+  if ok and type(env) == 'table' and type(env.properties) == 'table' and KEYS[6] then
+    local tag = tostring(env.properties.delivery_tag)
+    if redis.call('HEXISTS', KEYS[6], tag) == 1 then
+      local at = KEYS[7] and tonumber(redis.call('ZSCORE', KEYS[7], tag))
+      if not at or at * 1000 > now - tonumber(ARGV[12]) then return 'held' end
+    end
   end
   local x = route(jk)
   for _, list in ipairs(dest_lists(gkp, x[1], x[2], x[3], x[4], x[5], dead_queue)) do
@@ -96,7 +104,7 @@ local function where(id, jk, r)
   return 'lost'
 end
 
-for i = 12, #ARGV do
+for i = 13, #ARGV do
   local id = ARGV[i]
   local jk = prefix .. id
   local r = redis.call('HMGET', jk, 'st', 'msg', 'rr', 'released', 'started', 'tg')

@@ -781,12 +781,12 @@ class Store:
         b = self.broker
         keys = [sk.released, sk.due, sk.buckets, sk.next, sk.changes]
         if b.direct:
-            keys.append(b.unacked_hash)
+            keys += [b.unacked_hash, b.unacked_index]
         reply = self._run(
             self.scripts.rerelease, keys,
             [_now(now_ms), sk.job_prefix, "direct" if b.direct else "publish", max_copies, b.global_keyprefix,
              b.deadletter_queue, self.config.key_prefix, self.config.bucket_ms, self.keys.wake, shard,
-             self.logs_changes, *ids],
+             self.logs_changes, int(self.config.requeue_after_s * 1000), *ids],
         )
         return [(str(reply[i]), str(reply[i + 1])) for i in range(1, len(reply), 2)]
 

@@ -7,6 +7,8 @@ local function set_fields(jk, first, nf)
   for f = 0, nf - 1 do
     local name, value = ARGV[first + f], ARGV[first + nf + f]
     if value == '' then redis.call('HDEL', jk, name) else redis.call('HSET', jk, name, value) end
+    -- a message given (or removed) replaces a compact record's own part of it
+    if name == 'msg' then redis.call('HDEL', jk, 'a', 'k', 'b', 'e', 'i', 'r', 'pa', 'tg') end
   end
 end
 

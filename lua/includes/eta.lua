@@ -40,19 +40,14 @@ local function with_eta(msg, due_ms)
 end
 
 -- `msg` released before it is due: Celery's own `eta` header set to its due
--- time, so the worker holds it until then (as it holds apply_async(eta=)):
--- the delayed_eta header's value when it has one (what the task sees as
--- request.eta), else the due time. kombu writes the headers in Celery's
--- order, `eta` right after `shadow`: the first `, "eta": null` is that
--- header (a JSON string cannot hold an unescaped quote).
+-- time by the Redis clock (one clock: not the producer's delayed_eta, which a
+-- skewed app clock may have written early), so the worker holds it until then
+-- (as it holds apply_async(eta=)); the task still sees delayed_eta as
+-- request.eta (celery_delayed/worker/eta.py). kombu writes the headers in
+-- Celery's order, `eta` right after `shadow`: the first `, "eta": null` is
+-- that header (a JSON string cannot hold an unescaped quote).
 local function early_eta(msg, due_ms)
   local a, b = string.find(msg, ', "eta": null', 1, true)
   if not a then return msg end
-  local iso
-  local _, vstart = string.find(msg, '"delayed_eta": "', 1, true)
-  if vstart then
-    local vend = string.find(msg, '"', vstart + 1, true)
-    if vend then iso = string.sub(msg, vstart + 1, vend - 1) end
-  end
-  return string.sub(msg, 1, a - 1) .. ', "eta": "' .. (iso or iso_utc(due_ms)) .. '"' .. string.sub(msg, b + 1)
+  return string.sub(msg, 1, a - 1) .. ', "eta": "' .. iso_utc(due_ms) .. '"' .. string.sub(msg, b + 1)
 end

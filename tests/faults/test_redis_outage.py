@@ -31,7 +31,11 @@ REFUSED_WITHIN_S = 0.5
 
 @pytest.mark.timeout(120)
 def test_refused_for_5s_typed_error_nothing_written_scheduler_resumes() -> None:
-    with FaultRun(seed=6, appendonly=True, conf={"delayed_lease_ms": 2000}) as run:
+    # A worker that held jobs released ahead of their due time (look-ahead) loses them with its
+    # connection (kombu would restore them only after its visibility timeout): the reconciler
+    # releases them again delayed_requeue_after_s after their due time (short here).
+    conf = {"delayed_lease_ms": 2000}
+    with FaultRun(seed=6, appendonly=True, conf=conf) as run:
         sched = run.scheduler()
         w = run.worker(concurrency=4)
         run.wait_ready(w)

@@ -75,7 +75,8 @@ def test_sigkill_schedulers_while_jobs_come_due() -> None:
                          executed_s=round(executed_s, 1), late_p50_ms=late[len(late) // 2],
                          late_max_ms=late[-1])
         out.report()
-        assert late[0] >= 0, "a job was released before its due time"
+        # (no earlier than its look-ahead window, with Celery's eta set to its due time)
+        assert late[0] >= -store.config.lookahead_ms, "a job was released before its look-ahead window"
         assert not over, f"{len(over)} jobs released later than a lease after the last kill: {over[:5]}"
         assert out.lost == 0 and out.duplicated == 0 and out.delivered_twice == 0, out.line()
         assert sum(run.deliveries().values()) == JOBS

@@ -82,7 +82,7 @@ CALLERS = ["", "", "holder", "stale"]
 #: Examples of up to ``stateful_step_count`` steps, per bucket width.
 PROFILES = {
     "dev": {"max_examples": 30, "stateful_step_count": 50},
-    "ci": {"max_examples": 150, "stateful_step_count": 80},
+    "ci": {"max_examples": 60, "stateful_step_count": 60},
 }
 
 

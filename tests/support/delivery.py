@@ -13,6 +13,7 @@ import collections
 import json
 import re
 from collections.abc import Iterable, Sequence
+from datetime import datetime
 from typing import Any
 
 import redis
@@ -87,3 +88,14 @@ def record_fields(app: Celery, ids: Sequence[str], *fields: str) -> dict[str, li
 def claims(app: Celery, ids: Sequence[str]) -> collections.Counter[str]:
     """How many times each job was claimed on the publish path (each claim is published once)."""
     return collections.Counter({i: int(c or 0) for i, (c,) in record_fields(app, ids, "claims").items()})
+
+
+def looked_ahead(headers: dict) -> bool:  # type: ignore[type-arg]
+    """A stored job's message: no eta (released when due), or, released ahead of its due time
+    (look-ahead), Celery's eta set to the due time, within a few seconds of its delayed_eta."""
+    eta, want = headers.get("eta"), headers.get("delayed_eta")
+    if eta is None:
+        return True
+    if not isinstance(eta, str) or not isinstance(want, str):
+        return False
+    return abs((datetime.fromisoformat(eta) - datetime.fromisoformat(want)).total_seconds()) < 5
