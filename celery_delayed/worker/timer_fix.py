@@ -48,7 +48,7 @@ def install() -> bool:
     if current is None:
         return False
     if not getattr(current, _MARK, False):
-        Hub.fire_timers = _prompt(current)  # type: ignore[method-assign]
+        Hub.fire_timers = _prompt(current)
     return True
 
 
