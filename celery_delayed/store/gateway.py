@@ -295,6 +295,41 @@ class Store:
                     out[i] = Scheduled(jobs[i].id, shard, int(float(due or 0)), False, state, int(gen or 0))
         return [s for s in out if s is not None]
 
+    def schedule_keyed(
+        self, job: NewJob, mode: str, key: str, limit_ms: int | None, now_ms: int | None = None,
+    ) -> Scheduled:
+        """Store ``job`` under a debounce or throttle key (``schedule_keyed.lua``), atomically.
+
+        ``mode`` "debounce": a job of ``key`` still waiting is replaced by this
+        one (its id kept), due no later than ``limit_ms`` (max_wait, None: no
+        limit) after the key's first call. ``mode`` "throttle": a job of
+        ``key`` created within the last ``limit_ms`` (the window) is returned
+        as it is. Returns the key's job; ``created`` is True when a new one
+        was created (then with ``job.id``).
+        """
+        self.check_layout()
+        shard = job.shard
+        sk = self.keys.shard(shard)
+        keys = [sk.due, sk.buckets, sk.next, sk.keyed(mode, key)]
+        pairs: list[str] = [x for f in NEW_JOB_FIELDS if job.fields.get(f) for x in (f, job.fields[f])]
+        tmpl = job.template
+        if tmpl is not None:
+            keys.append(sk.template(tmpl.tid))
+        head: list[Arg] = [_now(now_ms), sk.job_prefix, self.config.bucket_ms, self.keys.wake, shard, mode,
+                           "" if limit_ms is None else limit_ms, self.config.record_ttl_ms, job.id, job.due]
+        send_tpl = tmpl is not None and (shard, tmpl.tid) not in self._templates_sent
+        for _ in range(2):
+            extra = ["~tpl", tmpl.text] if send_tpl and tmpl is not None else []
+            reply = self._run(self.scripts.schedule_keyed, keys,
+                              [*head, (len(pairs) + len(extra)) // 2, *pairs, *extra])
+            if reply != ["!tpl"]:
+                break
+            send_tpl = True  # the server has not got the template (first use, or it was lost)
+        if tmpl is not None:
+            self._templates_sent.add((shard, tmpl.tid))
+        created, job_id, state, due = reply
+        return Scheduled(str(job_id), shard, int(float(due)), bool(int(created)), str(state))
+
     def states(self, jobs: Sequence[NewJob]) -> list[str | None]:
         """The state of each job's record (None: there is none), in one round trip."""
         pipe = self.client.pipeline(transaction=False)
