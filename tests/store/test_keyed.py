@@ -230,3 +230,52 @@ def test_refused_with_a_database(redis_url: str, uid: str, tmp_path: Any) -> Non
 
     with pytest.raises(ConfigurationError, match="delayed_database_url"):
         apply_later(app, NAME, (1,), debounce_key="k")
+
+
+def queued_bodies(app: Celery, client: Any) -> dict[str, list[Any]]:
+    """id -> args of every message the direct path pushed onto the app's default queue."""
+    out = {}
+    for raw in client.lrange(app.conf.task_default_queue, 0, -1):
+        env = json.loads(raw)
+        out[env["headers"]["id"]] = json.loads(base64.b64decode(env["body"]))[0]
+    return out
+
+
+def test_debounce_racing_the_release(tapp: Celery, rclient: Any) -> None:
+    """Calls race a scheduler releasing the key's job: no call is lost, each job is released once,
+    with the arguments of a call that returned it."""
+    store = get_store(tapp)
+    results: list[tuple[str, bool, tuple[int, int]]] = []
+    lock = threading.Lock()
+    stop = threading.Event()
+    shard = store.shard_of("", "race")  # the key decides the shard
+
+    def call(t: int) -> None:
+        for i in range(40):
+            r = apply_later(tapp, NAME, (t, i), when=0, debounce_key="race")
+            with lock:
+                results.append((r.id, r.created, (t, i)))
+
+    def release() -> None:
+        while not stop.is_set():
+            store.release_due(shard, now_ms=store.now_ms() + 60_000)
+
+    releaser = threading.Thread(target=release)
+    releaser.start()
+    callers = [threading.Thread(target=call, args=(t,)) for t in range(6)]
+    for c in callers:
+        c.start()
+    for c in callers:
+        c.join(60)
+    stop.set()
+    releaser.join(60)
+    store.release_due(shard, now_ms=store.now_ms() + 60_000)
+    queued = queued_bodies(tapp, rclient)
+    ids = {jid for jid, _, _ in results}
+    assert len(results) == 240
+    assert ids == set(queued)  # every job was released, once (one message per id)
+    assert rclient.llen(tapp.conf.task_default_queue) == len(ids)
+    assert sum(created for _, created, _ in results) == len(ids)
+    for jid, args in queued.items():
+        assert tuple(args) in {a for j, _, a in results if j == jid}
+    assert pending_ids(tapp) == []
