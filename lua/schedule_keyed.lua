@@ -24,9 +24,10 @@ debounce: while the key's job is still SCHEDULED (and has not run: a retry
   later than `first` (the key's first call) + max_wait; the job keeps its id.
   Otherwise (no job, or it was released, cancelled, ...) a new job is created
   and the key's `first` is now.
-throttle: while the key's entry lives (the window from the first call), the
-  call returns the key's job as it is; otherwise a new job is created and the
-  entry lives for the window.
+throttle: while now < `first` + the window (`first`: when the key's job was
+  created), the call returns the key's job as it is; otherwise a new job is
+  created and `first` is now. The entry expires a minute after its window
+  (by the server's clock: only a clean-up).
 A stored job's delayed_eta header is its due time.
 
 Returns {created (1/0), id, state, due ms} of the key's job, or {'!tpl'}
@@ -49,10 +50,10 @@ local old  -- the job this call replaces: {st, due, task, q, tp, created}
 if held_id then
   local st, due, task, q, tp, created, att = unpack(call('HMGET', prefix .. held_id,
     'st', 'due', 'task', 'q', 'tp', 'created', 'att'))
-  if mode == 'throttle' then
+  if mode == 'throttle' and now < (tonumber(first) or 0) + limit then
     return {0, held_id, st or '', tonumber(due) or 0}
   end
-  if st == 'SCHEDULED' and (tonumber(att) or 0) == 0 then
+  if mode == 'debounce' and st == 'SCHEDULED' and (tonumber(att) or 0) == 0 then
     old = {st, tonumber(due), task, q, tp, created}
   end
 end
@@ -100,7 +101,7 @@ if KEYS[5] and call('PTTL', KEYS[5]) < due - now + ttl then call('PEXPIRE', KEYS
 
 if mode == 'throttle' then
   call('HSET', entry, 'id', id, 'first', now)
-  call('PEXPIRE', entry, limit)
+  call('PEXPIRE', entry, limit + 60000)  -- the window is decided by `now` (a test clock too); this only cleans up
 else
   call('HSET', entry, 'id', id, 'first', first)
   call('PEXPIRE', entry, due - now + ttl)

@@ -174,3 +174,14 @@ def test_pytest_plugin(tmp_path: Path, redis_url: str) -> None:
     # nothing autouse: the test that asked for nothing set up no delayed_ fixture
     nothing = proc.stdout.split("test_nothing_requested")[0]
     assert "delayed_" not in nothing
+
+
+def test_throttle_and_debounce_follow_the_kit_clock(kit: DelayedTestKit, kapp: Celery) -> None:
+    a = apply_later(kapp, "kit.plain", (1,), when=0, throttle_key="t", window=60)
+    kit.clock.advance(59)
+    b = apply_later(kapp, "kit.plain", (2,), when=0, throttle_key="t", window=60)
+    assert not b.created and b.id == a.id
+    kit.clock.advance(1)
+    c = apply_later(kapp, "kit.plain", (3,), when=0, throttle_key="t", window=60)
+    assert c.created and c.id != a.id
+    assert [job.args for job in kit.run_due()] == [[1], [3]]
