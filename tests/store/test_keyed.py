@@ -22,6 +22,7 @@ from celery_delayed import (
     cancel,
     get_store,
 )
+from celery_delayed.store import Pending
 
 NAME = "keyed.refresh"
 pytestmark = pytest.mark.timeout(60)
@@ -279,3 +280,17 @@ def test_debounce_racing_the_release(tapp: Celery, rclient: Any) -> None:
     for jid, args in queued.items():
         assert tuple(args) in {a for j, _, a in results if j == jid}
     assert pending_ids(tapp) == []
+
+
+def test_debounce_a_job_held_by_a_pause_and_the_pending_index(tapp: Celery) -> None:
+    store = get_store(tapp)
+    a = apply_later(tapp, NAME, (1,), when=0, debounce_key="p")
+    shard = store.locate(a.id)
+    store.pause(["all"])
+    assert store.release_due(shard, now_ms=store.now_ms() + 1000).count == 0  # held back
+    b = apply_later(tapp, NAME, (2,), when=0, debounce_key="p", queue="elsewhere")
+    assert b.id == a.id and not b.created
+    assert [row["queue"] for row in Pending(store).page(NAME)] == ["elsewhere"]  # one entry, moved
+    store.resume()
+    batch = store.release_due(shard, now_ms=store.now_ms() + 1000)
+    assert batch.ids == [a.id] and get_store(tapp).get(a.id)["st"] == "QUEUED"

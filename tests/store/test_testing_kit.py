@@ -185,3 +185,13 @@ def test_throttle_and_debounce_follow_the_kit_clock(kit: DelayedTestKit, kapp: C
     c = apply_later(kapp, "kit.plain", (3,), when=0, throttle_key="t", window=60)
     assert c.created and c.id != a.id
     assert [job.args for job in kit.run_due()] == [[1], [3]]
+
+
+def test_debounce_does_not_replace_a_job_waiting_for_its_retry(kit: DelayedTestKit, kapp: Celery) -> None:
+    a = apply_later(kapp, "kit.charge", (1,), {"declines": 1}, when=0, debounce_key="d")
+    [ran] = kit.run_due()
+    assert ran.state == "RETRY" and ran.job_state == "SCHEDULED"
+    b = apply_later(kapp, "kit.charge", (2,), when=0, debounce_key="d")
+    assert b.created and b.id != a.id  # the retry keeps its arguments; the call is a job of its own
+    kit.clock.advance(60)
+    assert sorted(job.args[0] for job in kit.run_due()) == [1, 2]
