@@ -195,3 +195,17 @@ def test_debounce_does_not_replace_a_job_waiting_for_its_retry(kit: DelayedTestK
     assert b.created and b.id != a.id  # the retry keeps its arguments; the call is a job of its own
     kit.clock.advance(60)
     assert sorted(job.args[0] for job in kit.run_due()) == [1, 2]
+
+
+def test_intercepted_apply_async_countdown(kapp: Celery, redis_url: str) -> None:
+    """Code that calls Celery's own apply_async(countdown=) is tested the same way (delayed_intercept_eta)."""
+    import celery_delayed
+
+    kapp.conf.delayed_intercept_eta = True
+    celery_delayed.install(kapp)
+    with DelayedTestKit(kapp, redis_url) as kit:
+        kapp.tasks["kit.plain"].apply_async((5,), countdown=120)
+        kit.assert_scheduled("kit.plain", args=(5,), at=kit.clock.now() + timedelta(seconds=120))
+        kit.clock.advance(120)
+        [ran] = kit.run_due()
+        assert (ran.result, ran.job_state) == (5, "SUCCEEDED")
