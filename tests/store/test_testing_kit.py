@@ -209,3 +209,11 @@ def test_intercepted_apply_async_countdown(kapp: Celery, redis_url: str) -> None
         kit.clock.advance(120)
         [ran] = kit.run_due()
         assert (ran.result, ran.job_state) == (5, "SUCCEEDED")
+
+
+def test_expired_jobs_are_not_run(kit: DelayedTestKit, kapp: Celery) -> None:
+    late = apply_later(kapp, "kit.plain", (1,), when=10, expires=kit.clock.now() + timedelta(seconds=20))
+    apply_later(kapp, "kit.plain", (2,), when=30)
+    kit.clock.advance(30)  # past the first one's expiry
+    assert [job.args for job in kit.run_due()] == [[2]]
+    assert kit.job_state(late.id) == "EXPIRED"
