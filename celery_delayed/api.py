@@ -167,7 +167,8 @@ def _apply_keyed(app: Celery, name: str, args: Sequence[Any] | None, kwargs: Map
     res = store.schedule_keyed(p.job, spec.mode, spec.key, spec.limit_ms)
     if res.created and app.conf.task_send_sent_event:
         _announce_scheduled(app, [p], [res])
-    return DelayedResult(res.id, store=store, shard=res.shard, due_ms=res.due_ms, created=res.created)
+    # (a throttled call whose job's record is gone gets due 0: the handle then reads it when asked)
+    return DelayedResult(res.id, store=store, shard=res.shard, due_ms=res.due_ms or None, created=res.created)
 
 
 def apply_later_many(
