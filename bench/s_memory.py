@@ -113,8 +113,9 @@ def worker_memory(ctx: Ctx) -> None:
 
 
 def redis_memory(ctx: Ctx) -> None:
-    n = ctx.size(100_000, 20_000)
-    print(f"[{S7}] {n} pending jobs", flush=True)
+    n = ctx.size(1_000_000, 20_000)
+    n_eta = ctx.size(100_000, 20_000)  # a Celery ETA message costs the same at any count
+    print(f"[{S7}] {n} pending jobs ({n_eta} Celery ETA messages)", flush=True)
     client = ctx.client()
     u = uid()
     prefix, queue = f"b7{u}", f"q7{u}"
@@ -122,7 +123,8 @@ def redis_memory(ctx: Ctx) -> None:
     before = used_memory(client)
     apply_later_many(app, "bench.late_d", [{"args": (time.time() + 3600,), "when": 3600} for _ in range(n)])
     per = (used_memory(client) - before) / n
-    ctx.add(S7, "celery-delayed (record hash + sorted-set entry)", "bytes per pending job", per, "bytes")
+    ctx.add(S7, "celery-delayed (record hash + sorted-set entry)", "bytes per pending job", per, "bytes",
+            note=f"{n:,} pending; compact records (a template per shard)")
     delete_prefix(client, f"{prefix}:*")
     # A record holds a ~1 KB message, over Redis's default hash-max-listpack-value
     # (64 bytes), so it is a hash table; with a larger limit it stays a compact listpack.
@@ -138,8 +140,8 @@ def redis_memory(ctx: Ctx) -> None:
             note="Redis server setting: records stay listpack-encoded")
     delete_prefix(client, f"{prefix}:*")
     before = used_memory(client)
-    eta_messages(app, client, queue, n)
-    per_eta = (used_memory(client) - before) / n
+    eta_messages(app, client, queue, n_eta)
+    per_eta = (used_memory(client) - before) / n_eta
     ctx.add(S7, "Celery ETA (message in the broker list)", "bytes per pending job", per_eta, "bytes",
             note="before a worker takes it; held by a worker it sits in the unacked hash instead")
     client.unlink(queue)

@@ -268,7 +268,10 @@ class JobRows:
         """Rows created at or after ``since_ms`` still SCHEDULED, in (created, id) order after ``after``."""
         c = jobs.c
         after_ms, after_id = after
-        q = (select(jobs).where(c.prefix == self.prefix, c.created_ms >= since_ms, c.state == JobState.SCHEDULED,
+        # ``created_ms >= max(since, after)`` is what starts each page's index range where the last one
+        # ended: the OR alone is not a range, and every page scanned the index from ``since_ms`` again.
+        q = (select(jobs).where(c.prefix == self.prefix, c.created_ms >= max(since_ms, after_ms),
+                                c.state == JobState.SCHEDULED,
                                 or_(c.created_ms > after_ms, and_(c.created_ms == after_ms, c.id > after_id)))
              .order_by(c.created_ms, c.id).limit(limit))
         with self.engine.connect() as conn:
