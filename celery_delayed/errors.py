@@ -117,3 +117,11 @@ class Unpublishable(DelayedError):
 
 class DatabaseUnavailable(DelayedError, ConnectionError):
     """The database of ``delayed_database_url`` could not be used; nothing was written anywhere."""
+
+
+class ScheduleNotFound(DelayedError, LookupError):
+    """No recurring schedule has that name (``celery_delayed.schedules``)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"no recurring schedule named {name!r}")
+        self.name = name

@@ -28,6 +28,7 @@ from ..errors import ConfigurationError, LeaseLost, StoreFull, StoreUnavailable
 from ..store import Store
 from .maintenance import Maintenance
 from .mover import Mover, make_mover
+from .recurring import Recurrer
 from .wakeup import WakeListener
 
 logger = logging.getLogger("celery_delayed.scheduler")
@@ -95,6 +96,7 @@ class Scheduler:
         self._woken: dict[int, float] = {}
         self._listener = WakeListener(store, self._on_due, self._on_members, self._wake_all)
         self.maintenance: Maintenance | None = None
+        self.recurrer: Recurrer | None = None
 
     # -- clock -----------------------------------------------------------------
 
@@ -258,6 +260,11 @@ class Scheduler:
         with self._lock:
             return sorted(self.shards)
 
+    def held_fences(self) -> dict[int, str]:
+        """The shards this scheduler holds now, with their lease fences."""
+        with self._lock:
+            return dict(self.shards)
+
     def _start_maintenance(self) -> None:
         """The mirror, the outbox sweep and the reconciler, in a thread of their own."""
         rows = None
@@ -303,6 +310,9 @@ class Scheduler:
             self.preflight()
         if self.maintenance is None:
             self._start_maintenance()
+        if self.recurrer is None:  # recurring schedules (scheduler/recurring.py)
+            self.recurrer = Recurrer(self.app, self.store, self.owner, self.held_fences)
+            self.recurrer.start()
         if time.monotonic() >= self._next_heartbeat:
             self._heartbeat()
         self.release_due()
@@ -367,6 +377,8 @@ class Scheduler:
     def _shutdown(self) -> None:
         if self.maintenance is not None:
             self.maintenance.stop()
+        if self.recurrer is not None:
+            self.recurrer.stop()
         if self._joined:
             try:
                 self.store.heartbeat(self.owner, leave=True)  # hand the shards over at once

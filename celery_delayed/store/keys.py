@@ -31,6 +31,10 @@ so a script that touches one shard touches one slot::
     {prefix}:{<s>}:paused              HASH   pause flags ("all", "task:<name>", "queue:<name>")
                                               -> since (epoch ms)
     {prefix}:{<s>}:held                ZSET   due jobs a pause holds back: id -> due
+    {prefix}:{<s>}:scheds              SET    names of the recurring schedules of this shard
+                                              (a schedule's shard: crc32(name) % shards)
+    {prefix}:{<s>}:sched:<name>        HASH   a recurring schedule (``vocab.ScheduleField``)
+    {prefix}:{<s>}:occ:<name>          ZSET   its recent occurrences: job id -> fire time (ms)
 
 (the scripts derive the last five from the shard's base, ``{prefix}:{<s>}:``,
 of a key they are given: ``lua/includes/ops.lua``)
@@ -167,6 +171,19 @@ class ShardKeys:
     @property
     def index_parts(self) -> str:
         return f"{self.base}:ixs"
+
+    @property
+    def schedules(self) -> str:
+        """The names of the shard's recurring schedules."""
+        return f"{self.base}:scheds"
+
+    def schedule(self, name: str) -> str:
+        """A recurring schedule's hash."""
+        return f"{self.base}:sched:{name}"
+
+    def occurrences(self, name: str) -> str:
+        """A recurring schedule's recent occurrences (job id -> fire time)."""
+        return f"{self.base}:occ:{name}"
 
     def index(self, part: str) -> str:
         """The pending index of one ``index_part(task, queue)``."""

@@ -120,6 +120,11 @@ class Scripts:
         self.pause = Script("pause", flags)
         self.promote = Script("promote", flags)
         self.cancel_matching = Script("cancel_matching", flags)
+        # recurring schedules
+        self.put_schedule = Script("put_schedule", flags)
+        self.drop_schedule = Script("drop_schedule", flags)
+        self.pause_schedule = Script("pause_schedule", flags)
+        self.advance_schedule = Script("advance_schedule", flags)
 
     def all(self) -> list[Script]:
         """Every script, in declaration order."""
