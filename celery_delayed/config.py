@@ -53,6 +53,10 @@ class Setting:
     def check(self, value: Any) -> Any:
         """Validate one value; raise :class:`ConfigurationError` when it is wrong."""
         what = self._describe()
+        if self.kind is dict:
+            if not isinstance(value, dict):
+                raise ConfigurationError(f"{self.name} must be a dict, got {type(value).__name__} {value!r}")
+            return value
         if self.kind is bool:
             if not isinstance(value, bool):
                 raise ConfigurationError(f"{self.name} must be True or False, got {type(value).__name__} {value!r}")
@@ -155,6 +159,15 @@ SETTINGS: tuple[Setting, ...] = (
             "`worker --delayed` (`--metrics-port` overrides it); `None` = no exporter", lo=1, hi=65535,
             nullable=True),
     Setting("metrics_address", str, "127.0.0.1", "address the metrics exporter binds"),
+    Setting("schedule", dict, None, "recurring schedules: `{name: {\"task\", \"schedule\", \"args\", \"kwargs\", "
+            "\"options\", \"timezone\", \"misfire\"}}` like `beat_schedule` (see Recurring schedules); read again "
+            "by the schedulers every `delayed_schedule_sync_s`", nullable=True),
+    Setting("import_beat_schedule", bool, False, "also run the app's `beat_schedule` as recurring schedules "
+            "(`delayed_schedule` wins on a shared name)"),
+    Setting("schedule_sync_s", float, 10.0, "how often a scheduler writes changed config entries of its shards' "
+            "schedules to the store", lo=0.1, hi=86_400.0, unit="s"),
+    Setting("schedule_catch_up_max", int, 100, "misfire `\"each\"`: most missed occurrences of one schedule run "
+            "after an outage (the latest)", lo=1, hi=100_000),
     Setting("rabbitmq_api_url", str, None, "RabbitMQ management API for `delayed doctor` (e.g. "
             "`http://guest:guest@127.0.0.1:15672`); `None` = the AMQP broker's host on port 15672 with its "
             "credentials", nullable=True),
@@ -252,6 +265,10 @@ class DelayedConfig:
     intercept_min_delay_s: float
     metrics_port: int | None
     metrics_address: str
+    schedule: dict[str, Any] | None
+    import_beat_schedule: bool
+    schedule_sync_s: float
+    schedule_catch_up_max: int
     rabbitmq_api_url: str | None
 
     @property

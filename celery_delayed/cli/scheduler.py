@@ -15,6 +15,7 @@ from celery import Celery
 from ..config import get_config
 from ..errors import StoreUnavailable
 from ..store import ServerHealth, ShardStatus, Store, get_store
+from ..store.schedules import ScheduleRecords
 from ._common import app_of, delayed, errors, fmt_ms
 
 
@@ -88,9 +89,11 @@ def status(ctx: click.Context, as_json: bool) -> None:
         warnings = ServerHealth(store).warnings()
         mirror = _mirror_lag(store) if store.config.database_url else None
         paused = store.pauses()
+        recurring = ScheduleRecords(store).all()
+    scheds = {"count": len(recurring), "paused": sum(1 for r in recurring if r.paused)}
     if as_json:
         click.echo(json.dumps({"shards": rows, "schedulers": members, "warnings": warnings, "mirror": mirror,
-                               "eta_fallbacks": fallbacks.as_dict(), "paused": paused}))
+                               "eta_fallbacks": fallbacks.as_dict(), "paused": paused, "schedules": scheds}))
         return
     click.echo(f"{'shard':>5} {'pending':>9} {'overdue':>8} {'inflight':>8}  next due / oldest overdue")
     for r in rows:
@@ -110,6 +113,9 @@ def status(ctx: click.Context, as_json: bool) -> None:
         click.echo(f"eta fallbacks: {fallbacks.count} delayed send(s) went to the broker as ETA messages, "
                    f"not the store; last at {fmt_ms(fallbacks.last_ms)}: {fallbacks.last_task}: "
                    f"{fallbacks.last_reason}")
+    if recurring:
+        click.echo(f"recurring: {scheds['count']} schedule(s), {scheds['paused']} paused "
+                   "(delayed schedules list)")
     if paused:
         click.echo("paused: " + ", ".join(f"{flag} (since {fmt_ms(since)})" for flag, since in sorted(paused.items())))
     for w in warnings:

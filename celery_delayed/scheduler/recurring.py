@@ -76,8 +76,8 @@ class Recurrer:
         self.records = ScheduleRecords(store)
         cfg = store.config
         self.horizon_ms = HORIZON_MS + cfg.lookahead_ms + int(TICK_S * 1000)
-        self.catch_up_max = int(app.conf.get("delayed_schedule_catch_up_max") or 100)
-        self.sync_s = float(app.conf.get("delayed_schedule_sync_s") or 10.0)
+        self.catch_up_max = cfg.schedule_catch_up_max
+        self.sync_s = cfg.schedule_sync_s
         self.created = 0
         self._synced_shards: set[int] = set()
         self._seen_hashes: dict[str, str] = {}
