@@ -40,7 +40,17 @@ from celery import Celery
 from .errors import InvalidOption, InvalidState, JobNotFound, ScheduleNotFound
 from .producer.jobs import Prepared, check_str, lookup_task, prepare
 from .producer.message import task_defaults
-from .recurrence import Every, Spec, next_after, parse_spec, period_ms, spec_digest, zone
+from .recurrence import (
+    Every,
+    Spec,
+    fires_between,
+    latest_at_or_before,
+    next_after,
+    parse_spec,
+    period_ms,
+    spec_digest,
+    zone,
+)
 from .result import DelayedResult
 from .store import Store, get_store
 from .store.schedules import ScheduleRecords, StoredSchedule
@@ -58,10 +68,12 @@ __all__ = [
     "occurrence_id",
     "occurrence_jobs",
     "pause",
+    "plan",
     "records",
     "remove",
     "resume",
     "run_now",
+    "store_ahead",
 ]
 
 #: What the occurrences an outage missed do: run the latest once, run none, run each (capped).
@@ -213,6 +225,73 @@ def occurrence_jobs(app: Celery, sched: StoredSchedule, fires: Sequence[int], gr
     return out
 
 
+#: misfire "skip": a fire time at most this late still runs, ms.
+GRACE_MS = 1_000
+#: Most occurrences stored ahead for one schedule at once.
+MAX_AHEAD = 1_000
+#: How far ahead a run-time add or resume stores occurrences itself (until a scheduler looks), ms.
+PRIME_MS = 12_000
+
+
+def plan(sched: StoredSchedule, now_ms: int, horizon_ms: int,
+         catch_up_max: int) -> tuple[builtins.list[int], int] | None:
+    """The fire times to store at ``now_ms`` and the new cursor (None: the cursor is past the horizon).
+
+    The cursor covers every fire time up to it. Behind now (an outage), the
+    missed fire times follow the schedule's misfire policy; ahead, every fire
+    time up to ``now + horizon_ms`` and the first one after it.
+    """
+    d = sched.definition
+    spec, tz, origin = spec_of(d), zone(d["timezone"]), sched.origin_ms
+    last, horizon = sched.last_ms, now_ms + horizon_ms
+    if last > horizon:
+        return None
+    missed: builtins.list[int] = []
+    if last < now_ms:
+        policy = d["misfire"]
+        if policy == "latest":
+            p = latest_at_or_before(spec, now_ms, origin, tz)
+            missed = [p] if p is not None and p > last else []
+        elif policy == "each":
+            # bounded: the latest catch_up_max intervals, or a cron's last 31 days
+            back = catch_up_max * spec.period_ms if isinstance(spec, Every) else 31 * 86_400_000
+            missed = fires_between(spec, max(last, now_ms - back), now_ms, origin, tz, limit=10**6)[-catch_up_max:]
+        else:
+            missed = fires_between(spec, max(last, now_ms - GRACE_MS), now_ms, origin, tz, limit=MAX_AHEAD)
+    start = max(last, now_ms)
+    ahead = fires_between(spec, start, horizon, origin, tz, limit=MAX_AHEAD)
+    beyond = next_after(spec, max(start, horizon, ahead[-1] if ahead else start), origin, tz)
+    return [*missed, *ahead, beyond], beyond
+
+
+def store_ahead(app: Celery, rec: ScheduleRecords, sched: StoredSchedule, owner: str, fence: str, now_ms: int,
+                horizon_ms: int, catch_up_max: int) -> int:
+    """Store a schedule's occurrences due up to the horizon and move its cursor; return how many were new.
+
+    ``owner``/``fence``: the shard's lease the cursor moves under ('' for a
+    run-time add, which moves it from the value it wrote itself).
+
+    Raises:
+        LeaseLost: ``owner`` does not hold the shard's lease.
+    """
+    from .api import store_prepared  # the API module imports the producer; this keeps the import graph flat
+
+    todo = plan(sched, now_ms, horizon_ms, catch_up_max)
+    if todo is None:
+        return 0
+    fires, cursor = todo
+    results = store_prepared(app, occurrence_jobs(app, sched, fires, GRACE_MS))
+    pairs = [(r.id, f) for r, f in zip(results, fires, strict=True)]
+    if rec.advance(sched, owner, fence, cursor, pairs):
+        return sum(1 for r in results if r.created)
+    cur = rec.get(sched.name)
+    if cur is None or cur.version != sched.version or cur.paused:
+        # changed, paused or removed since read: what was just stored belongs to the old definition
+        cancel_occurrences(rec.store, sched.shard, [r.id for r in results if r.created])
+    # else another scheduler moved the cursor first: it covers the same ids (derived from the version)
+    return 0
+
+
 def cancel_occurrences(store: Store, shard: int, ids: Sequence[str]) -> int:
     """Cancel the occurrences among ``ids`` not yet released (a change, pause or removal); return how many."""
     if not ids:
@@ -297,7 +376,15 @@ def add(app: Celery, name: str, task: str, schedule: object, args: Sequence[Any]
     rec = records(app)
     _, old = rec.put(name, defn, "api")
     cancel_occurrences(rec.store, rec.shard_of(name), old)
+    _prime(app, rec, name)
     return get(app, name)
+
+
+def _prime(app: Celery, rec: ScheduleRecords, name: str) -> None:
+    """Store the first occurrences at once (a scheduler sees a new schedule within a few seconds)."""
+    s = rec.get(name)
+    if s is not None and not s.paused:
+        store_ahead(app, rec, s, "", "", rec.store.now_ms(), PRIME_MS, 1)
 
 
 def remove(app: Celery, name: str) -> int:
@@ -340,6 +427,8 @@ def _set_paused(app: Celery, name: str, paused: bool) -> bool:
     if code == 0:
         raise ScheduleNotFound(name)
     cancel_occurrences(rec.store, rec.shard_of(name), ids)
+    if not paused:
+        _prime(app, rec, name)
     return code == 1
 
 

@@ -18,7 +18,7 @@ one is released, so there is no gap and no singleton:
 
 After an outage (the cursor is in the past) the missed fire times follow the
 schedule's ``misfire``: ``latest`` stores the latest one (it runs once),
-``skip`` none (beyond a grace of ``GRACE_MS``), ``each`` every one (at most
+``skip`` none (beyond a grace of a second), ``each`` every one (at most
 ``delayed_schedule_catch_up_max``, the latest). Occurrences stored before the
 outage are released late and skipped by their max lateness (``latest``: they
 missed the next fire time), so only the latest runs.
@@ -39,10 +39,8 @@ from collections.abc import Callable
 
 from celery import Celery
 
-from ..api import store_prepared
 from ..errors import LeaseLost
-from ..recurrence import Every, fires_between, latest_at_or_before, next_after, zone
-from ..schedules import cancel_occurrences, config_entries, config_hash, occurrence_jobs, spec_of
+from ..schedules import cancel_occurrences, config_entries, config_hash, store_ahead
 from ..store import Store
 from ..store.schedules import ScheduleRecords, StoredSchedule
 
@@ -50,12 +48,10 @@ logger = logging.getLogger("celery_delayed.scheduler")
 
 #: Seconds between two looks at the held shards' schedules.
 TICK_S = 0.5
+#: Seconds between two reads of the schedules' index (new or removed schedules).
+INDEX_S = 5.0
 #: Occurrences are stored this far ahead of now (beside the look-ahead), ms.
 HORIZON_MS = 2_000
-#: misfire "skip": a fire time at most this late still runs, ms.
-GRACE_MS = 1_000
-#: Most occurrences stored ahead for one schedule in one tick.
-MAX_AHEAD = 1_000
 
 
 class Recurrer:
@@ -82,6 +78,8 @@ class Recurrer:
         self._synced_shards: set[int] = set()
         self._seen_hashes: dict[str, str] = {}
         self._next_sync = 0.0
+        self._next_index = 0.0
+        self._names: list[str] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -109,17 +107,31 @@ class Recurrer:
     # -- one tick ----------------------------------------------------------------------
 
     def tick(self, now_ms: int | None = None) -> int:
-        """Sync the config if it is time, then store the due-soon occurrences; return how many were stored."""
+        """Sync the config if it is time, then store the due-soon occurrences; return how many were stored.
+
+        An idle fleet (no schedule) costs one read of the schedules' index
+        every ``INDEX_S``.
+        """
         held = self.held()
         if not held:
             self._synced_shards.clear()
             return 0
+        if time.monotonic() >= self._next_index:
+            self._next_index = time.monotonic() + INDEX_S
+            self._names = self.records.index()
         gained = set(held) - self._synced_shards
         if gained or time.monotonic() >= self._next_sync:
             self.sync_config(held, full=set(gained))
+        mine: dict[int, list[str]] = {}
+        for name in self._names:
+            shard = self.records.shard_of(name)
+            if shard in held:
+                mine.setdefault(shard, []).append(name)
+        if not mine:
+            return 0
         now = self.store.now_ms() if now_ms is None else now_ms
         n = 0
-        for sched in self.records.read(self.records.names(held)):
+        for sched in self.records.read(mine):
             fence = held.get(sched.shard)
             if fence is None or sched.paused:
                 continue
@@ -130,45 +142,9 @@ class Recurrer:
         self.created += n
         return n
 
-    def _fires(self, sched: StoredSchedule, now: int) -> tuple[list[int], int] | None:
-        """The fire times to store now and the new cursor (None: nothing to do yet)."""
-        d = sched.definition
-        spec, tz, origin = spec_of(d), zone(d["timezone"]), sched.origin_ms
-        last, horizon = sched.last_ms, now + self.horizon_ms
-        if last > horizon:
-            return None
-        missed: list[int] = []
-        if last < now:
-            policy = d["misfire"]
-            if policy == "latest":
-                p = latest_at_or_before(spec, now, origin, tz)
-                missed = [p] if p is not None and p > last else []
-            elif policy == "each":
-                # bounded: the latest catch_up_max intervals, or a cron's last 31 days
-                back = self.catch_up_max * spec.period_ms if isinstance(spec, Every) else 31 * 86_400_000
-                start = max(last, now - back)
-                missed = fires_between(spec, start, now, origin, tz, limit=10**6)[-self.catch_up_max:]
-            else:
-                missed = fires_between(spec, max(last, now - GRACE_MS), now, origin, tz, limit=MAX_AHEAD)
-        start = max(last, now)
-        ahead = fires_between(spec, start, horizon, origin, tz, limit=MAX_AHEAD)
-        beyond = next_after(spec, max(start, horizon, ahead[-1] if ahead else start), origin, tz)
-        fires = [*missed, *ahead, beyond]
-        return fires, beyond
-
     def _advance(self, sched: StoredSchedule, fence: str, now: int) -> int:
-        plan = self._fires(sched, now)
-        if plan is None:
-            return 0
-        fires, cursor = plan
-        prepared = occurrence_jobs(self.app, sched, fires, GRACE_MS)
-        results = store_prepared(self.app, prepared)
-        pairs = [(r.id, f) for r, f in zip(results, fires, strict=True)]
-        if not self.records.advance(sched, self.owner, fence, cursor, pairs):
-            # changed, paused or removed since read: what was just stored belongs to the old definition
-            cancel_occurrences(self.store, sched.shard, [r.id for r in results if r.created])
-            return 0
-        return sum(1 for r in results if r.created)
+        return store_ahead(self.app, self.records, sched, self.owner, fence, now, self.horizon_ms,
+                           self.catch_up_max)
 
     # -- the config ------------------------------------------------------------------------
 
@@ -198,14 +174,17 @@ class Recurrer:
             if written:
                 logger.info("recurring schedule %r: config entry written (shard %d)", name, shard)
                 cancel_occurrences(self.store, shard, old)
-        for shard, names in self.records.names(held).items():
-            for name in names:
-                if name in entries:
-                    continue
-                code, old = self.records.drop(name, only_config=True)
-                if code == 1:
-                    logger.info("recurring schedule %r: removed from the config, removed", name)
-                    cancel_occurrences(self.store, shard, old)
+        written_names = [n for n in entries if self.records.shard_of(n) in held]
+        self._names = sorted(set(self.records.index()) | set(written_names))
+        self._next_index = time.monotonic() + INDEX_S
+        for name in self._names:
+            shard = self.records.shard_of(name)
+            if shard not in held or name in entries:
+                continue
+            code, old = self.records.drop(name, only_config=True)
+            if code == 1:
+                logger.info("recurring schedule %r: removed from the config, removed", name)
+                cancel_occurrences(self.store, shard, old)
         self._seen_hashes = hashes
         self._synced_shards = set(held)
 

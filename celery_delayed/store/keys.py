@@ -45,6 +45,8 @@ and, outside any shard::
     {prefix}:schedulers:settings       HASH   scheduler owner token -> the settings every
                                               scheduler must share ("lease_ms=30000")
     {prefix}:layout                    HASH   shards, bucket_ms: fixed when the store is created
+    {prefix}:schedules                 SET    names of every recurring schedule (the schedulers
+                                              read it every few seconds instead of each shard's)
     {prefix}:{reconcile}               STRING "<owner>|<fence>": the scheduler running the
                                               reconciler (a lease); :fence its counter
     {prefix}:wake                      PUBSUB "<shard>:<due_ms>" when a job is due earlier
@@ -91,6 +93,11 @@ class Keys:
     def layout(self) -> str:
         """HASH ``shards`` and ``bucket_ms`` the store was created with."""
         return f"{self.prefix}:layout"
+
+    @property
+    def schedules(self) -> str:
+        """Names of every recurring schedule (an index outside the shards, kept beside each shard's own set)."""
+        return f"{self.prefix}:schedules"
 
     @property
     def wake(self) -> str:

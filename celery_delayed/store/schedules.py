@@ -90,6 +90,7 @@ class ScheduleRecords:
         """
         self.store.check_layout()
         _, keys = self._keys(name)
+        self.store.client.sadd(self.store.keys.schedules, name)  # the index first: a reader may see a name too early
         reply = self._run("put_schedule", keys,
                           [_now(now_ms), name, json.dumps(definition, sort_keys=True), source, config_hash])
         return int(reply[0]) == Reply.OK, [str(x) for x in reply[2:]]
@@ -98,7 +99,13 @@ class ScheduleRecords:
         """Remove a schedule (``drop_schedule.lua``); return (reply code, occurrence ids to cancel)."""
         _, keys = self._keys(name)
         reply = self._run("drop_schedule", keys, ["", name, "config" if only_config else ""])
+        if int(reply[0]) != Reply.UNCHANGED:
+            self.store.client.srem(self.store.keys.schedules, name)
         return int(reply[0]), [str(x) for x in reply[1:]]
+
+    def index(self) -> list[str]:
+        """The names of every schedule (one read; ``{prefix}:schedules``)."""
+        return sorted(_text(x) for x in self.store.client.smembers(self.store.keys.schedules))
 
     def set_paused(self, name: str, paused: bool, now_ms: int | None = None) -> tuple[int, list[str]]:
         """Pause or resume a schedule (``pause_schedule.lua``); return (reply code, occurrence ids to cancel)."""

@@ -12,7 +12,7 @@ from celery_delayed import get_store
 from celery_delayed import schedules as api
 from celery_delayed.errors import InvalidOption, ScheduleNotFound
 from celery_delayed.scheduler.recurring import Recurrer
-from celery_delayed.schedules import definition, occurrence_id, records
+from celery_delayed.schedules import definition, occurrence_id, plan, records
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -70,12 +70,13 @@ def test_two_recurrers_on_the_same_cursor_store_one_set_of_jobs(app):
     put(app, "dup", {"task": "e2e.mark", "schedule": 1})
     r1, r2 = recurrer(app), recurrer(app)
     s = records(app).get("dup")
-    f1, f2 = r1._fires(s, T0), r2._fires(s, T0)
+    f1, f2 = plan(s, T0, r1.horizon_ms, 1), plan(s, T0, r2.horizon_ms, 1)
     assert f1 == f2
     # both store (a lost race): the ids are derived, the second finds them; only one cursor move wins
     n1 = r1._advance(s, "", T0)
-    n2 = r2._advance(s, "", T0)
+    n2 = r2._advance(s, "", T0)  # its cursor move fails; it cancels nothing (the same ids)
     assert n1 == len(f1[0]) and n2 == 0
+    assert {get_store(app).get(i)["st"] for i, _ in records(app).occurrences("dup")} == {"SCHEDULED"}
     store = get_store(app)
     assert sum(store.client.zcard(store.keys.shard(x).due) for x in range(4)) == len(f1[0])
 
@@ -164,8 +165,9 @@ def test_api_list_get_pause_resume_remove_run_now(app):
     store = get_store(app)
     assert {store.get(i)["st"] for i, _ in api.get(app, "b").occurrences} <= {"CANCELLED"}
     assert recurrer(app).tick() == 0  # paused: nothing stored
-    assert api.resume(app, "b") is True
-    assert recurrer(app).tick() == 1
+    assert api.resume(app, "b") is True  # stores its next occurrence itself
+    assert [f > store.now_ms() for _, f in api.get(app, "b").occurrences] == [True]
+    assert recurrer(app).tick() == 0
     h = api.run_now(app, "b")
     assert store.get(h.id)["st"] == "SCHEDULED" and h.shard == records(app).shard_of("b")
     assert api.remove(app, "b") == 1
