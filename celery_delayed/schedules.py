@@ -95,6 +95,7 @@ class Schedule:
     schedule: str  # ``every 30s`` or ``cron 30 2 * * *``
     timezone: str
     misfire: str
+    skip_if_running: bool
     args: builtins.list[Any]
     kwargs: dict[str, Any]
     options: dict[str, Any]
@@ -331,7 +332,8 @@ def _info(rec: ScheduleRecords, s: StoredSchedule, now_ms: int) -> Schedule:
     spec = spec_of(d)
     return Schedule(
         name=s.name, task=d["task"], schedule=spec.describe(), timezone=d["timezone"] if not isinstance(
-            spec, Every) else "-", misfire=d["misfire"], args=d["args"], kwargs=d["kwargs"], options=d["options"],
+            spec, Every) else "-", misfire=d["misfire"],
+        skip_if_running=bool(d.get("skip_if_running")), args=d["args"], kwargs=d["kwargs"], options=d["options"],
         source=s.source, paused=s.paused, version=s.version, shard=s.shard, origin_ms=s.origin_ms,
         next_fire_ms=nxt, occurrences=occ,
     )

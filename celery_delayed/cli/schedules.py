@@ -64,9 +64,10 @@ def show(ctx: click.Context, name: str) -> None:
 @click.option("--misfire", type=click.Choice(_schedules.MISFIRE_POLICIES), default="latest", show_default=True,
               help="Occurrences an outage missed: run the latest once, none, or each.")
 @click.option("--queue", default=None, help="Send occurrences to this queue.")
+@click.option("--skip-if-running", is_flag=True, help="Skip an occurrence while the previous one still runs.")
 @click.pass_context
 def add(ctx: click.Context, name: str, task: str, every_s: float | None, cron: str | None, args_json: str,
-        kwargs_json: str, tz: str | None, misfire: str, queue: str | None) -> None:
+        kwargs_json: str, tz: str | None, misfire: str, queue: str | None, skip_if_running: bool) -> None:
     """Add a schedule (or replace the one named NAME)."""
     if (every_s is None) == (cron is None):
         raise click.UsageError("give one of --every SECONDS or --cron LINE")
@@ -78,7 +79,8 @@ def add(ctx: click.Context, name: str, task: str, every_s: float | None, cron: s
         if not isinstance(args, list) or not isinstance(kwargs, dict):
             raise InvalidOption("--args must be a JSON list and --kwargs a JSON object")
         s = _schedules.add(app_of(ctx), name, task, every_s if every_s is not None else cron, args, kwargs,
-                           {"queue": queue} if queue else {}, timezone=tz, misfire=misfire, strict=False)
+                           {"queue": queue} if queue else {}, timezone=tz, misfire=misfire,
+                           skip_if_running=skip_if_running, strict=False)
     click.echo(f"schedule {s.name}: {s.task} {s.schedule}, next {fmt_ms(s.next_fire_ms)}")
 
 

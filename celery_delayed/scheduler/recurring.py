@@ -32,6 +32,7 @@ last looked (see :func:`celery_delayed.schedules.config_entries`).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -43,8 +44,12 @@ from ..errors import LeaseLost
 from ..schedules import cancel_occurrences, config_entries, config_hash, store_ahead
 from ..store import Store
 from ..store.schedules import ScheduleRecords, StoredSchedule
+from ..vocab import JobState
 
 logger = logging.getLogger("celery_delayed.scheduler")
+
+#: States of an occurrence that was released and has not finished (``skip_if_running``).
+_UNFINISHED = frozenset({JobState.QUEUED, JobState.CLAIMED, JobState.RUNNING})
 
 #: Seconds between two looks at the held shards' schedules.
 TICK_S = 0.5
@@ -139,8 +144,35 @@ class Recurrer:
                 n += self._advance(sched, fence, now)
             except LeaseLost:
                 logger.info("recurring schedules: lost the lease of shard %d", sched.shard)
+                continue
+            if sched.definition.get("skip_if_running"):
+                self.skip_overlaps(sched, now)
         self.created += n
         return n
+
+    def skip_overlaps(self, sched: StoredSchedule, now: int) -> list[str]:
+        """``skip_if_running``: cancel the occurrence about to be released while the one before has not finished.
+
+        Looked at each tick for the occurrences due within the look-ahead and
+        one second: the previous occurrence's record (the execution ledger)
+        says QUEUED, CLAIMED or RUNNING, so the next one would overlap it.
+        Returns the ids cancelled.
+        """
+        occ = self.records.occurrences(sched.name)
+        soon = now + self.store.config.lookahead_ms + 2 * int(TICK_S * 1000)
+        pairs = [(prev, cur) for (prev, _), (cur, fire) in itertools.pairwise(occ) if fire <= soon]
+        if not pairs:
+            return []
+        states = self.store.record_states(sched.shard, sorted({i for pair in pairs for i in pair}))
+        skipped = []
+        for prev, cur in pairs:
+            if states.get(cur) == JobState.SCHEDULED and states.get(prev) in _UNFINISHED:
+                skipped += [cur] if cancel_occurrences(self.store, sched.shard, [cur]) else []
+                states[cur] = JobState.CANCELLED  # and the one after it no longer overlaps this one
+        if skipped:
+            logger.info("recurring schedule %r: skipped %d occurrence(s): the previous one is still running",
+                        sched.name, len(skipped))
+        return skipped
 
     def _advance(self, sched: StoredSchedule, fence: str, now: int) -> int:
         return store_ahead(self.app, self.records, sched, self.owner, fence, now, self.horizon_ms,

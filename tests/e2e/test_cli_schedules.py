@@ -28,7 +28,7 @@ def test_add_list_show_pause_resume_run_now_remove(sapp):
     res = invoke(sapp, "schedules", "add", "nightly", "e2e.mark", "--cron", "30 2 * * *",
                  "--timezone", "Europe/Berlin", "--args", "[1, 2]")
     assert res.exit_code == 0 and res.stdout.startswith("schedule nightly: e2e.mark cron 30 2 * * *, next "), res.output
-    assert invoke(sapp, "schedules", "add", "poll", "e2e.mark", "--every", "30").exit_code == 0
+    assert invoke(sapp, "schedules", "add", "poll", "e2e.mark", "--every", "30", "--skip-if-running").exit_code == 0
     out = invoke(sapp, "schedules", "list").stdout.splitlines()
     assert [line.split()[0] for line in out] == ["nightly", "poll"]
     assert "cron 30 2 * * * (Europe/Berlin)" in out[0] and "from=api" in out[0]
@@ -36,6 +36,7 @@ def test_add_list_show_pause_resume_run_now_remove(sapp):
     assert rows[0]["args"] == [1, 2] and rows[1]["schedule"] == "every 30s"
     shown = json.loads(invoke(sapp, "schedules", "show", "poll").stdout)
     assert shown["task"] == "e2e.mark" and shown["misfire"] == "latest"
+    assert len(shown["occurrences"]) == 1 and shown["skip_if_running"] is True  # stored at once
     assert invoke(sapp, "schedules", "pause", "poll").stdout.strip() == "paused schedule poll"
     assert "paused" in invoke(sapp, "schedules", "list").stdout.splitlines()[1]
     assert invoke(sapp, "schedules", "pause", "poll").stdout.strip() == "schedule poll was paused already"

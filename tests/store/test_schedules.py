@@ -209,3 +209,22 @@ def test_a_cron_occurrence_is_stored_at_the_dst_jump(app):
     [(job_id, fire)] = records(app).occurrences("berlin")
     assert fire == int(datetime(2026, 3, 29, 1, 0, tzinfo=timezone.utc).timestamp() * 1000)
     assert int(float(get_store(app).get(job_id)["due"])) == fire
+
+
+def test_skip_if_running_skips_an_occurrence_while_the_previous_one_has_not_finished(app):
+    put(app, "slow", {"task": "e2e.mark", "schedule": 10, "skip_if_running": True})
+    store = get_store(app)
+    r = recurrer(app)
+    s = records(app).get("slow")
+    first, second, third = (occurrence_id("slow", s.version, T0 + k * 10_000) for k in (1, 2, 3))
+    r.tick(now_ms=T0)
+    assert release(app, T0 + 10_000)[0] == [first]
+    shard = records(app).shard_of("slow")
+    assert store.start(first, shard, "w1", now_ms=T0 + 10_010).code == 1  # running
+    r.tick(now_ms=T0 + 19_500)  # the second is about to be released: the first still runs
+    assert store.get(second)["st"] == "CANCELLED"
+    assert release(app, T0 + 20_000)[0] == []
+    store.finish(first, shard, "w1", "SUCCEEDED", now_ms=T0 + 25_000)
+    r.tick(now_ms=T0 + 29_500)
+    assert store.get(third)["st"] == "SCHEDULED"  # the one before it was skipped, not running
+    assert release(app, T0 + 30_000)[0] == [third]
