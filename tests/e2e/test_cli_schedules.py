@@ -10,6 +10,7 @@ from click.testing import CliRunner, Result
 from support import make_app
 
 from celery_delayed.cli import delayed
+from celery_delayed.metrics import render
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -47,6 +48,10 @@ def test_add_list_show_pause_resume_run_now_remove(sapp):
     status = json.loads(invoke(sapp, "status", "--json").stdout)
     assert status["schedules"] == {"count": 1, "paused": 0}
     assert "recurring: 1 schedule(s)" in invoke(sapp, "status").stdout
+    invoke(sapp, "schedules", "pause", "nightly")
+    text = render(sapp)[0].decode()
+    assert 'celery_delayed_recurring_schedules{state="active"} 0.0' in text
+    assert 'celery_delayed_recurring_schedules{state="paused"} 1.0' in text
 
 
 def test_bad_input_gets_one_clear_line(sapp):
