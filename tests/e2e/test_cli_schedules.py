@@ -67,3 +67,25 @@ def test_bad_input_gets_one_clear_line(sapp):
     res = invoke(sapp, "schedules", "add", "x", "e2e.mark", "--every", "5", "--args", "{")
     assert res.exit_code == 2
     assert invoke(sapp, "schedules", "list").stdout == ""
+
+
+def test_the_dashboard_lists_the_schedules(sapp):
+    import urllib.request
+
+    from celery_delayed import schedules
+    from celery_delayed.web import make_server, serve_in_thread
+
+    server = make_server(sapp, "127.0.0.1", 0)
+    serve_in_thread(server)
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/schedules"
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            assert "No recurring schedule" in resp.read().decode()
+        schedules.add(sapp, "poll<x>", "e2e.mark", 30, strict=False)
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            page = resp.read().decode()
+        assert 'id="schedules"' in page and "poll&lt;x&gt;" in page and "every 30s" in page
+        assert page.count('href="/jobs/') == 1  # its first occurrence, linked
+    finally:
+        server.shutdown()
+        server.server_close()
