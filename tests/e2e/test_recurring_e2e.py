@@ -79,10 +79,10 @@ def fleet_factory(redis_url, uid):
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("misfire", ["each", "latest"])
-def test_sigkill_one_of_two_schedulers_every_second(fleet_factory, misfire, capsys):
+@pytest.mark.parametrize(("n", "misfire"), [(2, "each"), (2, "latest"), (4, "each")])
+def test_sigkill_a_scheduler_every_second(fleet_factory, n, misfire, capsys):
     fleet = fleet_factory(misfire)
-    scheds = [fleet.scheduler(), fleet.scheduler()]
+    scheds = [fleet.scheduler() for _ in range(n)]
     fleet.worker()
     fleet.schedule()
     store = get_store(fleet.app)
@@ -92,7 +92,7 @@ def test_sigkill_one_of_two_schedulers_every_second(fleet_factory, misfire, caps
     kills = 0
     while store.now_ms() - start < 12_000:
         time.sleep(1.0)
-        i = rng.randrange(2)
+        i = rng.randrange(n)
         scheds[i].kill()
         kills += 1
         scheds[i] = fleet.scheduler()
@@ -107,11 +107,11 @@ def test_sigkill_one_of_two_schedulers_every_second(fleet_factory, misfire, caps
     states = store.record_states(records(fleet.app).shard_of(NAME), [occurrence_id(
         NAME, records(fleet.app).get(NAME).version, f) for f in missed])
     with capsys.disabled():
-        print(f"\n[recurring kill test, misfire={misfire}] {kills} SIGKILLs over {(end - start) / 1000:.1f}s; "
-              f"{len(fires)} occurrences due: {len(ran_fires)} ran once, {len(twice)} ran twice, "
+        print(f"\n[recurring kill test, {n} schedulers, misfire={misfire}] {kills} SIGKILLs over "
+              f"{(end - start) / 1000:.1f}s; {len(fires)} occurrences due: {len(ran_fires)} ran once, "
+              f"{len(twice)} ran twice, "
               f"{len(missed)} not run ({collections.Counter(states.values())})")
     assert not twice, f"occurrences ran twice: {twice}"
-    assert all(i in fires or i not in runs for i in fires)
     if misfire == "each":
         assert missed == [], f"{len(missed)} occurrences never ran: {missed[:5]}"
     else:
