@@ -182,7 +182,9 @@ def test_bad_entries_are_refused_and_store_nothing(app):
                          ({"task": "e2e.mark", "schedule": 5, "timezone": "Nowhere/X"}, "time zone"),
                          ({"task": "e2e.mark", "schedule": 5, "misfire": "sometimes"}, "misfire"),
                          ({"task": "e2e.mark", "schedule": 5, "args": [object()]}, "JSON"),
-                         ({"task": "e2e.mark", "schedule": 5, "color": "red"}, "unknown key")]:
+                         ({"task": "e2e.mark", "schedule": 5, "color": "red"}, "unknown key"),
+                         ({"task": "e2e.mark", "schedule": 5, "options": {"priority": "high"}}, "priority"),
+                         ({"task": "e2e.mark", "schedule": 5, "options": {"expires": -5}}, "expires")]:
         with pytest.raises(InvalidOption, match=match):
             definition(app, "bad", entry)
     app.conf.delayed_schedule = {"bad": {"task": "e2e.mark", "schedule": -1}}
@@ -228,3 +230,32 @@ def test_skip_if_running_skips_an_occurrence_while_the_previous_one_has_not_fini
     r.tick(now_ms=T0 + 29_500)
     assert store.get(third)["st"] == "SCHEDULED"  # the one before it was skipped, not running
     assert release(app, T0 + 30_000)[0] == [third]
+
+
+@pytest.mark.parametrize(("zone_name", "day", "hours"), [
+    # (from 00:00:30 to 23:59 local: 01:00 .. 23:00)
+    # fall back: 01:xx happens twice; each wall hour runs once (23 runs in 24 hours)
+    ("America/New_York", "2026-11-01", 23),
+    # spring forward: 02:00 does not exist and runs at the jump, which is 03:00: one run (22 runs)
+    ("Europe/Berlin", "2026-03-29", 22),
+    # Lord Howe's half-hour fall back: 01:30-02:00 happens twice; 02:00 runs once
+    ("Australia/Lord_Howe", "2026-04-05", 23),
+])
+def test_an_hourly_cron_through_a_dst_day_on_a_fake_clock(app, zone_name, day, hours):
+    from zoneinfo import ZoneInfo
+
+    tz = ZoneInfo(zone_name)
+    start = int(datetime.fromisoformat(f"{day}T00:00:30").replace(tzinfo=tz).timestamp() * 1000)
+    end = int(datetime.fromisoformat(f"{day}T23:59:00").replace(tzinfo=tz).timestamp() * 1000)
+    put(app, "hourly", {"task": "e2e.mark", "schedule": crontab(minute=0), "timezone": zone_name}, now_ms=start)
+    r = recurrer(app)
+    ran = []
+    for now in range(start, end, 60_000):  # a scheduler ticking and releasing every minute of the day
+        r.tick(now_ms=now)
+        sent, skipped = release(app, now)
+        assert skipped == []
+        ran += sent
+    fires = dict(records(app).occurrences("hourly"))
+    walls = [datetime.fromtimestamp(fires[i] / 1000, tz).strftime("%H:%M") for i in ran]
+    assert len(ran) == len(set(ran)) == hours, walls
+    assert walls == sorted(set(walls)), walls  # every wall hour once, in order
