@@ -259,3 +259,20 @@ def test_an_hourly_cron_through_a_dst_day_on_a_fake_clock(app, zone_name, day, h
     walls = [datetime.fromtimestamp(fires[i] / 1000, tz).strftime("%H:%M") for i in ran]
     assert len(ran) == len(set(ran)) == hours, walls
     assert walls == sorted(set(walls)), walls  # every wall hour once, in order
+
+
+def test_occurrences_are_rows_first_with_a_database(redis_url, uid, database_url):
+    from celery_delayed.sql.rows import get_rows
+
+    dapp = make_app(redis_url, uid, delayed_shards=4, delayed_lookahead_ms=0, delayed_database_url=database_url)
+    rows = get_rows(dapp)
+    assert rows is not None
+    rows.init_schema()
+    try:
+        put(dapp, "db", {"task": "e2e.mark", "schedule": 10})
+        recurrer(dapp).tick(now_ms=T0)
+        [(job_id, fire)] = records(dapp).occurrences("db")
+        row = rows.get(job_id)
+        assert row is not None and int(row.due_ms) == fire
+    finally:
+        rows.dispose()
