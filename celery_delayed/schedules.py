@@ -78,7 +78,7 @@ __all__ = [
 
 #: What the occurrences an outage missed do: run the latest once, run none, run each (capped).
 MISFIRE_POLICIES = ("latest", "skip", "each")
-#: Namespace of occurrence ids (uuid5 of "<name>\\0<version>\\0<fire ms>").
+#: Namespace of occurrence ids (uuid5 of "<name>\\0<epoch>\\0<version>\\0<fire ms>").
 OCCURRENCE_NAMESPACE = uuid.UUID("9d5c2a61-0b7e-4c3f-8a51-2f6e4b1d7c90")
 #: Keys an entry may have (``relative`` is beat's; it has no meaning here and is ignored).
 _ENTRY_KEYS = frozenset({"task", "schedule", "args", "kwargs", "options", "timezone", "misfire",
@@ -196,9 +196,10 @@ def config_entries(app: Celery) -> dict[str, dict[str, Any]]:
 # -- occurrences ---------------------------------------------------------------------------
 
 
-def occurrence_id(name: str, version: int, fire_ms: int) -> str:
-    """The job id of a schedule's occurrence at ``fire_ms`` (stable: every scheduler derives the same)."""
-    return str(uuid.uuid5(OCCURRENCE_NAMESPACE, f"{name}\0{version}\0{fire_ms}"))
+def occurrence_id(sched: StoredSchedule, fire_ms: int) -> str:
+    """The job id of a schedule's occurrence at ``fire_ms``: from its name, epoch, version and the fire
+    time, so every scheduler derives the same one."""
+    return str(uuid.uuid5(OCCURRENCE_NAMESPACE, f"{sched.name}\0{sched.epoch}\0{sched.version}\0{fire_ms}"))
 
 
 def spec_of(defn: Mapping[str, Any]) -> Spec:
@@ -226,7 +227,7 @@ def occurrence_jobs(app: Celery, sched: StoredSchedule, fires: Sequence[int], gr
             opts |= {"max_lateness": max(late - 1, 1) / 1000, "misfire": "skip"}
         when = datetime.fromtimestamp(fire / 1000, timezone.utc)
         p = prepare(app, d["task"], d["args"], d["kwargs"], when,
-                    task_id=occurrence_id(sched.name, sched.version, fire), shard_key=sched.name,
+                    task_id=occurrence_id(sched, fire), shard_key=sched.name,
                     task_type=task, options=opts)
         out.append(dataclasses.replace(p, idempotent=True))
     return out

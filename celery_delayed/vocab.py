@@ -78,8 +78,12 @@ class ScheduleField:
     SOURCE = "src"
     #: hash of the config entry it came from (absent: added at run time)
     CONFIG_HASH = "chash"
+    #: when the scheduler that wrote the config entry started, epoch ms (an older one never overwrites it)
+    CONFIG_SINCE = "csince"
     #: bumped on every change of definition or pause: occurrence ids derive from it
     VERSION = "ver"
+    #: random, set when the schedule is created: occurrence ids derive from it too
+    EPOCH = "epoch"
     #: an interval's anchor, epoch ms (set once, when the schedule is first seen)
     ORIGIN = "origin"
     #: the cursor: occurrences exist for every fire time up to it, epoch ms

@@ -27,7 +27,9 @@ The config (``delayed_schedule``, ``beat_schedule`` with
 ``delayed_import_beat_schedule``) is written to the store for the held shards
 when this scheduler starts, when it gains a shard, and every
 ``delayed_schedule_sync_s`` for entries of its config that changed since it
-last looked (see :func:`celery_delayed.schedules.config_entries`).
+last looked (see :func:`celery_delayed.schedules.config_entries`). A
+scheduler never overwrites or removes a config entry that a scheduler started
+after it wrote: during a rolling deploy the old config never undoes the new.
 """
 
 from __future__ import annotations
@@ -80,6 +82,8 @@ class Recurrer:
         self.catch_up_max = cfg.schedule_catch_up_max
         self.sync_s = cfg.schedule_sync_s
         self.created = 0
+        #: when this scheduler started, by the Redis clock (its config is that old): read at its first tick
+        self.since_ms = 0
         self._synced_shards: set[int] = set()
         self._seen_hashes: dict[str, str] = {}
         self._next_sync = 0.0
@@ -121,6 +125,8 @@ class Recurrer:
         if not held:
             self._synced_shards.clear()
             return 0
+        if not self.since_ms:
+            self.since_ms = self.store.now_ms()
         if time.monotonic() >= self._next_index:
             self._next_index = time.monotonic() + INDEX_S
             self._names = self.records.index()
@@ -202,7 +208,7 @@ class Recurrer:
                 continue
             if not first and shard not in full and self._seen_hashes.get(name) == hashes[name]:
                 continue
-            written, old = self.records.put(name, defn, "config", hashes[name])
+            written, old = self.records.put(name, defn, "config", hashes[name], since_ms=self.since_ms)
             if written:
                 logger.info("recurring schedule %r: config entry written (shard %d)", name, shard)
                 cancel_occurrences(self.store, shard, old)
@@ -213,7 +219,7 @@ class Recurrer:
             shard = self.records.shard_of(name)
             if shard not in held or name in entries:
                 continue
-            code, old = self.records.drop(name, only_config=True)
+            code, old = self.records.drop(name, only_config=True, since_ms=self.since_ms)
             if code == 1:
                 logger.info("recurring schedule %r: removed from the config, removed", name)
                 cancel_occurrences(self.store, shard, old)

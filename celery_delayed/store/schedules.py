@@ -9,6 +9,7 @@ every script touches one slot. The fields are :class:`~celery_delayed.vocab.Sche
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +35,7 @@ class StoredSchedule:
     source: str
     config_hash: str | None
     version: int
+    epoch: str
     origin_ms: int
     last_raw: str  # the cursor as stored: advance_schedule compares it verbatim
     paused: bool
@@ -53,7 +55,8 @@ class StoredSchedule:
             name=h.get(ScheduleField.NAME, ""), shard=shard,
             definition=json.loads(h[ScheduleField.DEFINITION]),
             source=h.get(ScheduleField.SOURCE, ""), config_hash=h.get(ScheduleField.CONFIG_HASH),
-            version=int(h.get(ScheduleField.VERSION, "0")), origin_ms=int(float(h.get(ScheduleField.ORIGIN, "0"))),
+            version=int(h.get(ScheduleField.VERSION, "0")), epoch=h.get(ScheduleField.EPOCH, ""),
+            origin_ms=int(float(h.get(ScheduleField.ORIGIN, "0"))),
             last_raw=h.get(ScheduleField.LAST, "0"), paused=h.get(ScheduleField.PAUSED) == "1",
             updated_ms=int(float(h.get(ScheduleField.UPDATED, "0"))),
         )
@@ -81,24 +84,31 @@ class ScheduleRecords:
         return script(self.store.client, keys, args)
 
     def put(self, name: str, definition: dict[str, Any], source: str, config_hash: str = "",
-            now_ms: int | None = None) -> tuple[bool, list[str]]:
+            now_ms: int | None = None, since_ms: int = 0) -> tuple[bool, list[str]]:
         """Create or replace a schedule (``put_schedule.lua``).
 
         Returns (written, ids of the old definition's occurrences to cancel).
         With ``source="config"`` nothing is written when the stored config
-        hash is ``config_hash`` already.
+        hash is ``config_hash`` already, or when a scheduler started later
+        than ``since_ms`` (this one's start) wrote it.
         """
         self.store.check_layout()
         _, keys = self._keys(name)
         self.store.client.sadd(self.store.keys.schedules, name)  # the index first: a reader may see a name too early
         reply = self._run("put_schedule", keys,
-                          [_now(now_ms), name, json.dumps(definition, sort_keys=True), source, config_hash])
+                          [_now(now_ms), name, json.dumps(definition, sort_keys=True), source, config_hash,
+                                 str(since_ms) if source == "config" else "", uuid.uuid4().hex[:16]])
         return int(reply[0]) == Reply.OK, [str(x) for x in reply[2:]]
 
-    def drop(self, name: str, only_config: bool = False) -> tuple[int, list[str]]:
-        """Remove a schedule (``drop_schedule.lua``); return (reply code, occurrence ids to cancel)."""
+    def drop(self, name: str, only_config: bool = False, since_ms: int = 0) -> tuple[int, list[str]]:
+        """Remove a schedule (``drop_schedule.lua``); return (reply code, occurrence ids to cancel).
+
+        ``only_config``: only one that came from the config, and that no
+        scheduler started later than ``since_ms`` wrote.
+        """
         _, keys = self._keys(name)
-        reply = self._run("drop_schedule", keys, ["", name, "config" if only_config else ""])
+        reply = self._run("drop_schedule", keys, ["", name, "config" if only_config else "", since_ms,
+                                                  self.store.config.record_ttl_ms])
         if int(reply[0]) != Reply.UNCHANGED:
             self.store.client.srem(self.store.keys.schedules, name)
         return int(reply[0]), [str(x) for x in reply[1:]]

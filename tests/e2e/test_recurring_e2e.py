@@ -61,7 +61,7 @@ class Fleet:
         """Occurrence id -> fire time, for the fire times in [lo, hi] (version and origin from the store)."""
         s = records(self.app).get(NAME)
         first = s.origin_ms + ((lo - s.origin_ms) // 1000) * 1000
-        return {occurrence_id(NAME, s.version, f): f for f in range(first, hi + 1, 1000) if f >= lo}
+        return {occurrence_id(s, f): f for f in range(first, hi + 1, 1000) if f >= lo}
 
 
 @pytest.fixture
@@ -105,7 +105,7 @@ def test_sigkill_a_scheduler_every_second(fleet_factory, n, misfire, capsys):
     ran_fires = sorted(f for i, f in fires.items() if runs.get(i))
     missed = sorted(f for i, f in fires.items() if not runs.get(i))
     states = store.record_states(records(fleet.app).shard_of(NAME), [occurrence_id(
-        NAME, records(fleet.app).get(NAME).version, f) for f in missed])
+        records(fleet.app).get(NAME), f) for f in missed])
     with capsys.disabled():
         print(f"\n[recurring kill test, {n} schedulers, misfire={misfire}] {kills} SIGKILLs over "
               f"{(end - start) / 1000:.1f}s; {len(fires)} occurrences due: {len(ran_fires)} ran once, "
@@ -163,7 +163,8 @@ def test_a_schedule_changed_then_removed_while_it_runs(fleet_factory):
     assert v2 > v1
     # the new definition fires twice a second from now on: occurrences of version 2 run
     s = records(fleet.app).get(NAME)
-    ids_v2 = {occurrence_id(NAME, v2, s.origin_ms + k * 500): k for k in range(1, 200)}
+    assert s.version == v2
+    ids_v2 = {occurrence_id(s, s.origin_ms + k * 500): k for k in range(1, 200)}
     wait_for(lambda: sum(1 for i in fleet.runs() if i in ids_v2) >= 4, 60, what="the changed schedule to run")
     old = {i for i in fleet.runs() if i not in ids_v2}
     late_old = [i for i in old if int(float(store.get(i).get("due", 0))) > changed + 3_000]

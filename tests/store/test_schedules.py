@@ -52,7 +52,7 @@ def test_occurrences_are_stored_ahead_released_once_and_chained(app):
     assert r1.tick(now_ms=T0) == 1  # the first fire past the horizon: T0 + 10 s
     assert r2.tick(now_ms=T0) == 0  # another scheduler changes nothing
     occ = records(app).occurrences("tick")
-    assert occ == [(occurrence_id("tick", s.version, T0 + 10_000), T0 + 10_000)]
+    assert occ == [(occurrence_id(s, T0 + 10_000), T0 + 10_000)]
     ran = []
     for k in range(1, 6):
         now = T0 + k * 10_000
@@ -62,7 +62,7 @@ def test_occurrences_are_stored_ahead_released_once_and_chained(app):
         sent, skipped = release(app, now)
         assert skipped == []
         ran += sent
-    assert ran == [occurrence_id("tick", s.version, T0 + k * 10_000) for k in range(1, 6)]
+    assert ran == [occurrence_id(s, T0 + k * 10_000) for k in range(1, 6)]
     assert records(app).get("tick").last_ms == T0 + 60_000
 
 
@@ -91,7 +91,7 @@ def test_after_an_outage_the_latest_missed_occurrence_runs_once(app):
     r.tick(now_ms=now)
     sent, skipped = release(app, now)
     s = records(app).get("late")
-    assert sent == [occurrence_id("late", s.version, T0 + 100_000)]  # the latest, once
+    assert sent == [occurrence_id(s, T0 + 100_000)]  # the latest, once
     assert records(app).get("late").last_ms > now
 
 
@@ -106,7 +106,7 @@ def test_misfire_each_runs_every_missed_occurrence_capped(app):
     s = records(app).get("each")
     # the one stored before the outage, then the latest five missed
     want = [T0 + 10_000] + [T0 + k * 10_000 for k in range(6, 11)]
-    assert sorted(sent) == sorted(occurrence_id("each", s.version, f) for f in want) and skipped == []
+    assert sorted(sent) == sorted(occurrence_id(s, f) for f in want) and skipped == []
 
 
 def test_misfire_skip_runs_none_of_the_missed(app):
@@ -175,6 +175,9 @@ def test_api_list_get_pause_resume_remove_run_now(app):
         api.get(app, "b")
     with pytest.raises(ScheduleNotFound):
         api.remove(app, "b")
+    # added again: a new epoch, so its occurrences never meet the old ones' records
+    again = api.add(app, "b", "e2e.mark", 30, args=["x"], strict=False)
+    assert [store.get(i)["st"] for i, _ in again.occurrences] == ["SCHEDULED"]
 
 
 def test_bad_entries_are_refused_and_store_nothing(app):
@@ -218,7 +221,7 @@ def test_skip_if_running_skips_an_occurrence_while_the_previous_one_has_not_fini
     store = get_store(app)
     r = recurrer(app)
     s = records(app).get("slow")
-    first, second, third = (occurrence_id("slow", s.version, T0 + k * 10_000) for k in (1, 2, 3))
+    first, second, third = (occurrence_id(s, T0 + k * 10_000) for k in (1, 2, 3))
     r.tick(now_ms=T0)
     assert release(app, T0 + 10_000)[0] == [first]
     shard = records(app).shard_of("slow")
@@ -276,3 +279,38 @@ def test_occurrences_are_rows_first_with_a_database(redis_url, uid, database_url
         assert row is not None and int(row.due_ms) == fire
     finally:
         rows.dispose()
+
+
+def test_names_are_data_never_code_and_keep_to_their_shard(app):
+    for name in ["'; redis.call('FLUSHALL') --", "{0}:{1} %s %d", "a]]..[[b", "ünï 🚀"]:
+        put(app, name, {"task": "e2e.mark", "schedule": 60})
+        recurrer(app).tick(now_ms=T0)
+        s = records(app).get(name)
+        assert s is not None and s.name == name and s.shard == records(app).shard_of(name)
+        [(job_id, _)] = records(app).occurrences(name)
+        assert get_store(app).shard_of(job_id, name) == s.shard  # the occurrence is in the schedule's shard
+        assert api.remove(app, name) == 1
+    for bad in ["", " ", "tab\there", "\u202e", "x" * 300]:
+        with pytest.raises(InvalidOption):
+            definition(app, bad, {"task": "e2e.mark", "schedule": 60})
+
+
+def test_during_a_rolling_deploy_an_old_scheduler_never_undoes_the_new_config(redis_url, uid):
+    old_app = make_app(redis_url, uid, delayed_shards=4,
+                       delayed_schedule={"a": {"task": "e2e.mark", "schedule": 60, "args": ["old"]},
+                                         "gone": {"task": "e2e.mark", "schedule": 60}})
+    new_app = make_app(redis_url, uid, delayed_shards=4,
+                       delayed_schedule={"a": {"task": "e2e.mark", "schedule": 60, "args": ["new"]},
+                                         "added": {"task": "e2e.mark", "schedule": 60}})
+    old = recurrer(old_app)
+    old.tick()
+    assert records(old_app).get("a").definition["args"] == ["old"]
+    new = recurrer(new_app)  # started later
+    new.tick()
+    rec = records(new_app)
+    assert rec.get("a").definition["args"] == ["new"] and rec.get("added") and rec.get("gone") is None
+    old.sync_config(old.held(), full=set(range(4)))  # the old one gains shards: it writes nothing back
+    assert rec.get("a").definition["args"] == ["new"] and rec.get("added") and rec.get("gone") is None
+    restarted = recurrer(old_app)  # a scheduler started now with the old config (a rollback) wins
+    restarted.tick()
+    assert rec.get("a").definition["args"] == ["old"] and rec.get("added") is None and rec.get("gone")
