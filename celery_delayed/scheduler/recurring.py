@@ -24,10 +24,9 @@ outage are released late and skipped by their max lateness (``latest``: they
 missed the next fire time), so only the latest runs.
 
 The config (``delayed_schedule``, ``beat_schedule`` with
-``delayed_import_beat_schedule``) is written to the store for the held shards
-when this scheduler starts, when it gains a shard, and every
-``delayed_schedule_sync_s`` for entries of its config that changed since it
-last looked (see :func:`celery_delayed.schedules.config_entries`). A
+``delayed_import_beat_schedule``) is written to the store when this scheduler
+starts (once it holds a shard), and every ``delayed_schedule_sync_s`` for
+entries of its config that changed since it last looked (see :func:`celery_delayed.schedules.config_entries`). A
 scheduler never overwrites or removes a config entry that a scheduler started
 after it wrote: during a rolling deploy the old config never undoes the new.
 """
@@ -84,8 +83,7 @@ class Recurrer:
         self.created = 0
         #: when this scheduler started, by the Redis clock (its config is that old): read at its first tick
         self.since_ms = 0
-        self._synced_shards: set[int] = set()
-        self._seen_hashes: dict[str, str] = {}
+        self._seen_hashes: dict[str, str] | None = None  # the config entries' hashes at the last sync
         self._next_sync = 0.0
         self._next_index = 0.0
         self._names: list[str] = []
@@ -123,16 +121,12 @@ class Recurrer:
         """
         held = self.held()
         if not held:
-            self._synced_shards.clear()
             return 0
-        if not self.since_ms:
-            self.since_ms = self.store.now_ms()
+        if time.monotonic() >= self._next_sync:
+            self.sync_config()
         if time.monotonic() >= self._next_index:
             self._next_index = time.monotonic() + INDEX_S
             self._names = self.records.index()
-        gained = set(held) - self._synced_shards
-        if gained or time.monotonic() >= self._next_sync:
-            self.sync_config(held, full=set(gained))
         mine: dict[int, list[str]] = {}
         for name in self._names:
             shard = self.records.shard_of(name)
@@ -186,12 +180,15 @@ class Recurrer:
 
     # -- the config ------------------------------------------------------------------------
 
-    def sync_config(self, held: dict[int, str], full: set[int] | None = None) -> None:
-        """Write the config's entries of the held shards to the store; remove those it no longer has.
+    def sync_config(self, full: bool = False) -> None:
+        """Write the config's entries to the store; remove the config's schedules it no longer has.
 
-        ``full``: shards just gained (all their entries are written when they
-        differ from the store's); in the others only entries that changed since
-        this scheduler last looked.
+        The first sync of this scheduler (or ``full``) writes every entry that
+        differs from the store's and removes every schedule that came from a
+        config and is not in this one; later syncs only what changed in this
+        scheduler's config since it last looked. Any shard's: the store keeps
+        the writer's start time, so a scheduler started earlier never undoes
+        this one's config (``put_schedule.lua``).
         """
         self._next_sync = time.monotonic() + self.sync_s
         try:
@@ -199,30 +196,25 @@ class Recurrer:
         except Exception:
             logger.exception("recurring schedules: the config has a bad entry; not synced")
             return
-        full = set(full or ())
-        first = not self._synced_shards
+        if not self.since_ms:
+            self.since_ms = self.store.now_ms()
+        first = full or self._seen_hashes is None
+        seen = self._seen_hashes or {}
         hashes = {name: config_hash(defn) for name, defn in entries.items()}
         for name, defn in entries.items():
-            shard = self.records.shard_of(name)
-            if shard not in held:
-                continue
-            if not first and shard not in full and self._seen_hashes.get(name) == hashes[name]:
+            if not first and seen.get(name) == hashes[name]:
                 continue
             written, old = self.records.put(name, defn, "config", hashes[name], since_ms=self.since_ms)
             if written:
-                logger.info("recurring schedule %r: config entry written (shard %d)", name, shard)
-                cancel_occurrences(self.store, shard, old)
-        written_names = [n for n in entries if self.records.shard_of(n) in held]
-        self._names = sorted(set(self.records.index()) | set(written_names))
+                logger.info("recurring schedule %r: config entry written", name)
+                cancel_occurrences(self.store, self.records.shard_of(name), old)
+        self._names = sorted(set(self.records.index()) | set(entries))
         self._next_index = time.monotonic() + INDEX_S
-        for name in self._names:
-            shard = self.records.shard_of(name)
-            if shard not in held or name in entries:
+        for name in (self._names if first else sorted(seen)):
+            if name in entries:
                 continue
             code, old = self.records.drop(name, only_config=True, since_ms=self.since_ms)
             if code == 1:
                 logger.info("recurring schedule %r: removed from the config, removed", name)
-                cancel_occurrences(self.store, shard, old)
+                cancel_occurrences(self.store, self.records.shard_of(name), old)
         self._seen_hashes = hashes
-        self._synced_shards = set(held)
-

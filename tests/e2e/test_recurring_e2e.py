@@ -174,3 +174,37 @@ def test_a_schedule_changed_then_removed_while_it_runs(fleet_factory):
     time.sleep(4)
     after = [i for i in fleet.runs() if int(float(store.get(i).get("due", 0))) > removed + 3_000]
     assert after == [], "an occurrence ran after the schedule was removed"
+
+
+@pytest.mark.timeout(180)
+def test_a_changed_then_removed_config_entry_takes_effect_without_restarting_the_running_scheduler(
+        fleet_factory):
+    fleet = fleet_factory("latest")
+    first = fleet.scheduler()
+    fleet.worker()
+    v1 = fleet.schedule()
+    wait_for(lambda: len(fleet.runs()) >= 2, 60, what="two occurrences to run")
+    store = get_store(fleet.app)
+    # a scheduler started with a changed entry (a deploy) writes it; the running one keeps it
+    changed = dict(fleet.conf, delayed_schedule={NAME: {"task": "e2e.mark", "schedule": 0.5, "misfire": "latest"}})
+    second = SchedulerProcess(fleet.url, fleet.prefix, fleet.queue, conf=changed)
+    fleet.procs.append(second)
+    v2 = wait_for(lambda: (s := records(fleet.app).get(NAME)) and s.version > v1.version and s, 60,
+                  what="the changed entry to be written")
+    assert v2.definition["spec"] == {"every_ms": 500}
+    mark = store.now_ms()
+    ids_v2 = {occurrence_id(v2, v2.origin_ms + k * 500) for k in range(1, 400)}
+    wait_for(lambda: sum(1 for i in fleet.runs() if i in ids_v2) >= 4, 60, what="the changed schedule to run")
+    assert first.proc.poll() is None  # never restarted
+    # it keeps running the changed entry, whichever of the two holds its shard
+    time.sleep(3)
+    late_old = [i for i in fleet.runs() if i not in ids_v2 and int(float(store.get(i)["due"])) > mark + 3_000]
+    assert late_old == []
+    # and a scheduler started with the entry removed removes it
+    removed = dict(fleet.conf, delayed_schedule={})
+    third = SchedulerProcess(fleet.url, fleet.prefix, fleet.queue, conf=removed)
+    fleet.procs.append(third)
+    wait_for(lambda: records(fleet.app).get(NAME) is None, 60, what="the entry to be removed")
+    gone = store.now_ms()
+    time.sleep(4)
+    assert [i for i in fleet.runs() if int(float(store.get(i)["due"])) > gone + 3_000] == []

@@ -131,7 +131,7 @@ def test_config_sync_change_and_removal_take_effect_and_runtime_changes_win(app)
     api.add(app, "cfg", "e2e.mark", 60, args=[2], strict=False)
     store = get_store(app)
     assert store.get(old_id)["st"] == "CANCELLED"
-    r.sync_config(r.held(), full=set(range(4)))
+    r.sync_config(full=True)
     assert records(app).get("cfg").definition["args"] == [2]
     # until the config entry itself changes
     app.conf.delayed_schedule = {"cfg": {"task": "e2e.mark", "schedule": 60, "args": [3]}}
@@ -309,7 +309,7 @@ def test_during_a_rolling_deploy_an_old_scheduler_never_undoes_the_new_config(re
     new.tick()
     rec = records(new_app)
     assert rec.get("a").definition["args"] == ["new"] and rec.get("added") and rec.get("gone") is None
-    old.sync_config(old.held(), full=set(range(4)))  # the old one gains shards: it writes nothing back
+    old.sync_config(full=True)  # the old one syncs in full again: it writes nothing back
     assert rec.get("a").definition["args"] == ["new"] and rec.get("added") and rec.get("gone") is None
     restarted = recurrer(old_app)  # a scheduler started now with the old config (a rollback) wins
     restarted.tick()
