@@ -25,7 +25,7 @@ missed the next fire time), so only the latest runs.
 
 The config (``delayed_schedule``, ``beat_schedule`` with
 ``delayed_import_beat_schedule``) is written to the store when this scheduler
-starts (once it holds a shard), and every ``delayed_schedule_sync_s`` for
+starts, and every ``delayed_schedule_sync_s`` for
 entries of its config that changed since it last looked (see :func:`celery_delayed.schedules.config_entries`). A
 scheduler never overwrites or removes a config entry that a scheduler started
 after it wrote: during a rolling deploy the old config never undoes the new.
@@ -119,11 +119,11 @@ class Recurrer:
         An idle fleet (no schedule) costs one read of the schedules' index
         every ``INDEX_S``.
         """
+        if time.monotonic() >= self._next_sync:  # even holding no shard: its config may be the newest
+            self.sync_config()
         held = self.held()
         if not held:
             return 0
-        if time.monotonic() >= self._next_sync:
-            self.sync_config()
         if time.monotonic() >= self._next_index:
             self._next_index = time.monotonic() + INDEX_S
             self._names = self.records.index()
