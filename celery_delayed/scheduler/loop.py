@@ -24,7 +24,8 @@ from kombu.exceptions import OperationalError
 
 from ..config import get_config
 from ..doctor import PROBLEM, store_findings
-from ..errors import ConfigurationError, LeaseLost, StoreFull, StoreUnavailable
+from ..errors import ConfigurationError, DelayedError, LeaseLost, StoreFull, StoreUnavailable
+from ..schedules import config_entries
 from ..store import Store
 from .maintenance import Maintenance
 from .mover import Mover, make_mover
@@ -283,10 +284,17 @@ class Scheduler:
         Raises:
             ConfigurationError: this scheduler's settings disagree with the
                 store's layout or with the schedulers already running: it must
-                not join (it would take shards it cannot serve).
+                not join (it would take shards it cannot serve); or an entry of
+                ``delayed_schedule`` is wrong.
             StoreUnavailable: Redis cannot be reached (the loop tries again).
         """
         self.store.check_fleet()
+        try:
+            config_entries(self.app)  # recurring schedules: a bad entry stops the scheduler with its message
+        except DelayedError as exc:
+            if isinstance(exc, StoreUnavailable):
+                raise
+            raise ConfigurationError(f"delayed_schedule: {exc}") from exc
         if self.config.database_url:
             from ..sql.rows import get_rows  # SQLAlchemy is an optional extra
 

@@ -314,3 +314,17 @@ def test_during_a_rolling_deploy_an_old_scheduler_never_undoes_the_new_config(re
     restarted = recurrer(old_app)  # a scheduler started now with the old config (a rollback) wins
     restarted.tick()
     assert rec.get("a").definition["args"] == ["old"] and rec.get("added") is None and rec.get("gone")
+
+
+def test_a_scheduler_with_a_bad_entry_refuses_to_start_with_its_message(redis_url, uid):
+    from celery_delayed.errors import ConfigurationError
+    from celery_delayed.scheduler import Scheduler
+
+    bad = make_app(redis_url, uid, delayed_schedule={"nightly": {"task": "e2e.mark", "schedule": "61 * * * *"}})
+    sched = Scheduler(bad)
+    try:
+        with pytest.raises(ConfigurationError, match=r"delayed_schedule: schedule 'nightly': bad crontab"):
+            sched.preflight()
+    finally:
+        sched.mover.close()
+        sched.store.close()
