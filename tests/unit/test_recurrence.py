@@ -200,3 +200,52 @@ def test_a_cron_that_never_fires_is_refused():
 def test_a_rare_cron_is_found_years_ahead():
     leap_monday = Cron.from_fields(minute="0", hour="0", day_of_month="29", month_of_year="2", day_of_week="mon")
     assert iso(next_after(leap_monday, utc("2026-01-01 00:00"), 0, timezone.utc)) == "2044-02-29 00:00"
+
+
+# -- properties over random crons, zones and instants ----------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+ZONES = ["Europe/Berlin", "America/New_York", "Australia/Lord_Howe", "Asia/Kolkata", "UTC",
+         "America/St_Johns", "Pacific/Chatham", "Europe/London"]
+_2026 = utc("2026-01-01 00:00")
+_YEAR_MS = 366 * 86_400_000
+
+
+@st.composite
+def crons(draw):
+    minutes = draw(st.sets(st.integers(0, 59), min_size=1, max_size=4))
+    hours = draw(st.one_of(st.just("*"), st.sets(st.integers(0, 23), min_size=1, max_size=4).map(
+        lambda s: ",".join(map(str, sorted(s))))))
+    dow = draw(st.sampled_from(["*", "mon-fri", "sun", "sat,sun"]))
+    return Cron.from_fields(minute=",".join(map(str, sorted(minutes))), hour=hours, day_of_week=dow)
+
+
+@settings(max_examples=150, deadline=None)
+@given(spec=crons(), zone_name=st.sampled_from(ZONES), t=st.integers(_2026, _2026 + _YEAR_MS))
+def test_next_and_latest_agree_and_fires_increase(spec, zone_name, t):
+    tz = zone(zone_name)
+    nxt = next_after(spec, t, 0, tz)
+    assert nxt > t
+    prev = latest_at_or_before(spec, t, 0, tz)
+    assert prev is not None and prev <= t
+    assert next_after(spec, prev, 0, tz) == nxt  # nothing fires between them
+    got = fires_between(spec, t, t + 3 * 86_400_000, 0, tz, limit=10_000)
+    assert all(a < b for a, b in itertools.pairwise(got))
+    # each fire shows a wall time the cron names (or is the jump of a gap the cron named a time in)
+    for f in got[:50]:
+        wall = datetime.fromtimestamp(f / 1000, tz)
+        named = wall.minute in spec.minutes and wall.hour in spec.hours
+        jumped = wall.utcoffset() != datetime.fromtimestamp(f / 1000 - 1, tz).utcoffset()
+        assert named or jumped, (zone_name, wall)
+
+
+@settings(max_examples=100, deadline=None)
+@given(period_s=st.integers(1, 90_000), origin=st.integers(0, 10**12), t=st.integers(0, 10**12))
+def test_interval_fires_are_elapsed_multiples_of_the_period_from_the_origin(period_s, origin, t):
+    spec = Every(period_s * 1000)
+    nxt = next_after(spec, t, origin, timezone.utc)
+    prev = latest_at_or_before(spec, t, origin, timezone.utc)
+    assert prev is not None and prev <= t < nxt == prev + spec.period_ms
+    assert (nxt - origin) % spec.period_ms == 0
