@@ -7,6 +7,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 from celery.schedules import crontab, schedule, solar
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from celery_delayed.errors import InvalidOption
 from celery_delayed.recurrence import (
@@ -204,8 +206,6 @@ def test_a_rare_cron_is_found_years_ahead():
 
 # -- properties over random crons, zones and instants ----------------------------------------
 
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
 
 ZONES = ["Europe/Berlin", "America/New_York", "Australia/Lord_Howe", "Asia/Kolkata", "UTC",
          "America/St_Johns", "Pacific/Chatham", "Europe/London"]
