@@ -208,3 +208,22 @@ def test_a_changed_then_removed_config_entry_takes_effect_without_restarting_the
     gone = store.now_ms()
     time.sleep(4)
     assert [i for i in fleet.runs() if int(float(store.get(i)["due"])) > gone + 3_000] == []
+
+
+@pytest.mark.timeout(120)
+def test_a_schedule_on_the_publish_path(redis_url, uid, workers):
+    """Store on db 0, broker on db 1: occurrences are claimed, published and acknowledged like any job."""
+    broker = redis_url.rsplit("/", 1)[0] + "/1"
+    c = conf("each")
+    app = make_app(broker, uid, delayed_redis_url=redis_url, **c)
+    prefix, queue = app.conf.delayed_key_prefix, app.conf.task_default_queue
+    assert not get_store(app).direct
+    workers.append(SchedulerProcess(broker, prefix, queue, store=redis_url, conf=c))
+    w = WorkerProcess(broker, prefix, queue, store=redis_url, conf=c, concurrency=2, pool="threads")
+    workers.append(w)
+    s = wait_for(lambda: records(app).get(NAME), 60, what="the schedule synced")
+    client = get_store(app).client
+    wait_for(lambda: len(ran(client, prefix)) >= 4, 60, what="four occurrences on the publish path")
+    runs = collections.Counter(ran(client, prefix))
+    fires = {occurrence_id(s, s.origin_ms + k * 1000) for k in range(1, 120)}
+    assert set(runs) <= fires and max(runs.values()) == 1
