@@ -41,7 +41,7 @@ from collections.abc import Callable
 
 from celery import Celery
 
-from ..errors import LeaseLost
+from ..errors import LeaseLost, StoreUnavailable
 from ..schedules import cancel_occurrences, config_entries, config_hash, store_ahead
 from ..store import Store
 from ..store.schedules import ScheduleRecords, StoredSchedule
@@ -104,12 +104,19 @@ class Recurrer:
             self._thread.join(timeout)
 
     def _run(self) -> None:
+        failures = 0
         while not self._stop.is_set():
             try:
                 self.tick()
+                failures = 0
+            except StoreUnavailable as exc:  # the loop logs the outage too: briefly here
+                failures += 1
+                if failures == 1:
+                    logger.warning("recurring schedules: store unavailable (%s); trying again", exc)
             except Exception:
-                logger.warning("recurring schedules: tick failed; trying again", exc_info=True)
-            self._stop.wait(TICK_S)
+                failures += 1
+                logger.warning("recurring schedules: tick failed; trying again", exc_info=failures == 1)
+            self._stop.wait(TICK_S if not failures else min(5.0, TICK_S * 2 ** failures))
 
     # -- one tick ----------------------------------------------------------------------
 
