@@ -34,6 +34,8 @@ from .errors import InvalidOption
 
 #: How far ahead (and back) a cron is searched for a matching day (covers 29 February on a given weekday).
 _MAX_DAYS = 366 * 30
+#: The shortest interval (each occurrence is a stored job: a shorter one would be a busy loop).
+MIN_INTERVAL_S = 0.1
 #: Fields of a crontab, in the order of a five-field cron line's last three, as Celery names them.
 CRON_FIELDS = ("minute", "hour", "day_of_month", "month_of_year", "day_of_week")
 
@@ -162,8 +164,8 @@ def parse_spec(value: object) -> Spec:
 
 
 def _every(seconds: object) -> Every:
-    if not isinstance(seconds, int | float) or not math.isfinite(seconds) or seconds < 0.001:
-        raise InvalidOption(f"an interval must be at least 1 ms, got {seconds!r}")
+    if not isinstance(seconds, int | float) or not math.isfinite(seconds) or seconds < MIN_INTERVAL_S:
+        raise InvalidOption(f"an interval must be at least {MIN_INTERVAL_S} s, got {seconds!r}")
     return Every(round(seconds * 1000))
 
 

@@ -181,7 +181,7 @@ def test_parse_spec_accepts_celery_objects_numbers_and_lines():
     assert parse_spec(Every(5_000).to_json()) == Every(5_000)
 
 
-@pytest.mark.parametrize("bad", [0, -1, float("nan"), True, "* * *", "61 * * * *", {"x": 1}, object()])
+@pytest.mark.parametrize("bad", [0, -1, 0.05, float("nan"), True, "* * *", "61 * * * *", {"x": 1}, object()])
 def test_parse_spec_refuses_bad_input_clearly(bad):
     with pytest.raises(InvalidOption):
         parse_spec(bad)
