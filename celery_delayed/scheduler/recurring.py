@@ -33,7 +33,6 @@ after it wrote: during a rolling deploy the old config never undoes the new.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 import time
@@ -49,6 +48,8 @@ from ..vocab import JobState
 
 logger = logging.getLogger("celery_delayed.scheduler")
 
+#: ``skip_if_running``: how many earlier occurrences are looked at.
+OVERLAP_LOOKBACK = 20
 #: States of an occurrence that was released and has not finished (``skip_if_running``).
 _UNFINISHED = frozenset({JobState.QUEUED, JobState.CLAIMED, JobState.RUNNING})
 
@@ -158,26 +159,32 @@ class Recurrer:
         return n
 
     def skip_overlaps(self, sched: StoredSchedule, now: int) -> list[str]:
-        """``skip_if_running``: cancel the occurrence about to be released while the one before has not finished.
+        """``skip_if_running``: cancel the occurrence about to be released while an earlier one has not finished.
 
         Looked at each tick for the occurrences due within the look-ahead and
-        one second: the previous occurrence's record (the execution ledger)
-        says QUEUED, CLAIMED or RUNNING, so the next one would overlap it.
-        Returns the ids cancelled.
+        one second: when the record of one of the ``OVERLAP_LOOKBACK``
+        occurrences before it (the execution ledger) says QUEUED, CLAIMED or
+        RUNNING, it would overlap that one. Returns the ids cancelled.
         """
         occ = self.records.occurrences(sched.name)
         soon = now + self.store.config.lookahead_ms + 2 * int(TICK_S * 1000)
-        pairs = [(prev, cur) for (prev, _), (cur, fire) in itertools.pairwise(occ) if fire <= soon]
-        if not pairs:
+        due = [i for i, (_, fire) in enumerate(occ) if fire <= soon][-5:]  # the earlier ones were released
+        if not due:
             return []
-        states = self.store.record_states(sched.shard, sorted({i for pair in pairs for i in pair}))
+        lo = max(0, due[0] - OVERLAP_LOOKBACK)
+        states = self.store.record_states(sched.shard, [job_id for job_id, _ in occ[lo:due[-1] + 1]])
         skipped = []
-        for prev, cur in pairs:
-            if states.get(cur) == JobState.SCHEDULED and states.get(prev) in _UNFINISHED:
-                skipped += [cur] if cancel_occurrences(self.store, sched.shard, [cur]) else []
-                states[cur] = JobState.CANCELLED  # and the one after it no longer overlaps this one
+        for i in due:
+            cur = occ[i][0]
+            if i == 0 or states.get(cur) != JobState.SCHEDULED:
+                continue
+            earlier = occ[max(0, i - OVERLAP_LOOKBACK):i]
+            if any(states.get(j) in _UNFINISHED for j, _ in earlier) and cancel_occurrences(
+                    self.store, sched.shard, [cur]):
+                skipped.append(cur)
+                states[cur] = JobState.CANCELLED
         if skipped:
-            logger.info("recurring schedule %r: skipped %d occurrence(s): the previous one is still running",
+            logger.info("recurring schedule %r: skipped %d occurrence(s): an earlier one is still running",
                         sched.name, len(skipped))
         return skipped
 

@@ -229,10 +229,13 @@ def test_skip_if_running_skips_an_occurrence_while_the_previous_one_has_not_fini
     r.tick(now_ms=T0 + 19_500)  # the second is about to be released: the first still runs
     assert store.get(second)["st"] == "CANCELLED"
     assert release(app, T0 + 20_000)[0] == []
-    store.finish(first, shard, "w1", "SUCCEEDED", now_ms=T0 + 25_000)
-    r.tick(now_ms=T0 + 29_500)
-    assert store.get(third)["st"] == "SCHEDULED"  # the one before it was skipped, not running
-    assert release(app, T0 + 30_000)[0] == [third]
+    r.tick(now_ms=T0 + 29_500)  # the first still runs: the third is skipped too (not only the second's overlap)
+    assert store.get(third)["st"] == "CANCELLED"
+    store.finish(first, shard, "w1", "SUCCEEDED", now_ms=T0 + 35_000)
+    fourth = occurrence_id(s, T0 + 40_000)
+    r.tick(now_ms=T0 + 39_500)
+    assert store.get(fourth)["st"] == "SCHEDULED"  # nothing earlier runs any more
+    assert release(app, T0 + 40_000)[0] == [fourth]
 
 
 @pytest.mark.parametrize(("zone_name", "day", "hours"), [
