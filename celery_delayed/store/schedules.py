@@ -17,7 +17,7 @@ from typing import Any
 from ..errors import LeaseLost
 from ..vocab import Reply, ScheduleField
 from .client import translate_errors
-from .gateway import Store, _now
+from .gateway import Store
 from .keys import shard_for
 from .loader import Arg
 
@@ -96,7 +96,7 @@ class ScheduleRecords:
         _, keys = self._keys(name)
         self.store.client.sadd(self.store.keys.schedules, name)  # the index first: a reader may see a name too early
         reply = self._run("put_schedule", keys,
-                          [_now(now_ms), name, json.dumps(definition, sort_keys=True), source, config_hash,
+                          [self.store._now(now_ms), name, json.dumps(definition, sort_keys=True), source, config_hash,
                                  str(since_ms) if source == "config" else "", uuid.uuid4().hex[:16]])
         return int(reply[0]) == Reply.OK, [str(x) for x in reply[2:]]
 
@@ -107,8 +107,8 @@ class ScheduleRecords:
         scheduler started later than ``since_ms`` wrote.
         """
         _, keys = self._keys(name)
-        reply = self._run("drop_schedule", keys, ["", name, "config" if only_config else "", since_ms,
-                                                  self.store.config.record_ttl_ms])
+        reply = self._run("drop_schedule", keys, [self.store._now(None), name, "config" if only_config else "",
+                                                  since_ms, self.store.config.record_ttl_ms])
         if int(reply[0]) != Reply.UNCHANGED:
             self.store.client.srem(self.store.keys.schedules, name)
         return int(reply[0]), [str(x) for x in reply[1:]]
@@ -120,7 +120,7 @@ class ScheduleRecords:
     def set_paused(self, name: str, paused: bool, now_ms: int | None = None) -> tuple[int, list[str]]:
         """Pause or resume a schedule (``pause_schedule.lua``); return (reply code, occurrence ids to cancel)."""
         _, keys = self._keys(name)
-        reply = self._run("pause_schedule", [keys[0], keys[2]], [_now(now_ms), "1" if paused else "0"])
+        reply = self._run("pause_schedule", [keys[0], keys[2]], [self.store._now(now_ms), "1" if paused else "0"])
         return int(reply[0]), [str(x) for x in reply[1:]]
 
     def advance(self, sched: StoredSchedule, owner: str, fence: str, new_last_ms: int,
@@ -133,7 +133,7 @@ class ScheduleRecords:
             LeaseLost: the caller does not hold the shard's lease.
         """
         sk = self.store.keys.shard(sched.shard)
-        args: list[Arg] = [_now(now_ms), owner, fence, str(sched.version), sched.last_raw, str(new_last_ms),
+        args: list[Arg] = [self.store._now(now_ms), owner, fence, str(sched.version), sched.last_raw, str(new_last_ms),
                            KEEP_OCCURRENCES]
         for job_id, fire in occurrences:
             args += [job_id, str(fire)]
