@@ -121,18 +121,19 @@ class Recurrer:
 
     # -- one tick ----------------------------------------------------------------------
 
-    def tick(self, now_ms: int | None = None) -> int:
+    def tick(self, now_ms: int | None = None, fresh: bool = False) -> int:
         """Sync the config if it is time, then store the due-soon occurrences; return how many were stored.
 
         An idle fleet (no schedule) costs one read of the schedules' index
-        every ``INDEX_S``.
+        every ``INDEX_S``. ``fresh``: sync the config and read the index now
+        (the testing kit, whose clock is not the wall clock).
         """
-        if time.monotonic() >= self._next_sync:  # even holding no shard: its config may be the newest
+        if fresh or time.monotonic() >= self._next_sync:  # even holding no shard: its config may be the newest
             self.sync_config()
         held = self.held()
         if not held:
             return 0
-        if time.monotonic() >= self._next_index:
+        if fresh or time.monotonic() >= self._next_index:
             self._next_index = time.monotonic() + INDEX_S
             self._names = self.records.index()
         mine: dict[int, list[str]] = {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime, timezone
+from zoneinfo import ZoneInfo
 
 import pytest
 from celery.schedules import crontab
@@ -331,3 +332,31 @@ def test_a_scheduler_with_a_bad_entry_refuses_to_start_with_its_message(redis_ur
     finally:
         sched.mover.close()
         sched.store.close()
+
+
+def test_the_testing_kit_runs_recurring_schedules_by_its_clock(redis_url):
+    from celery import Celery
+
+    from celery_delayed.testing import DelayedTestKit
+
+    kapp = Celery("kitrec", broker="memory://", set_as_current=False)
+    calls = []
+
+    @kapp.task(name="kitrec.report", shared=False)
+    def report(kind: str) -> str:
+        calls.append(kind)
+        return kind
+
+    kapp.conf.delayed_schedule = {"nightly": {"task": "kitrec.report", "schedule": crontab(minute=30, hour=2),
+                                              "args": ["nightly"], "timezone": "Europe/Berlin"}}
+    # 27 March 2026, noon in Berlin: the night of the 29th has no 02:30 (it runs at the jump, 03:00)
+    with DelayedTestKit(kapp, redis_url, start=datetime(2026, 3, 27, 11, 0, tzinfo=timezone.utc)) as kit:
+        ran = []
+        for _ in range(4 * 24 * 4):  # four days, every quarter hour
+            ran += [(kit.clock.now().astimezone(ZoneInfo("Europe/Berlin")).strftime("%d %H:%M"), r.result)
+                    for r in kit.run_due()]
+            kit.clock.advance(minutes=15)
+        assert ran == [("28 02:30", "nightly"), ("29 03:00", "nightly"), ("30 02:30", "nightly"),
+                       ("31 02:30", "nightly")]
+        schedules_now = api.list(kapp)
+        assert [s.name for s in schedules_now] == ["nightly"] and schedules_now[0].source == "config"
