@@ -153,6 +153,7 @@ class Store:
             return [self._run(script, *calls[0])]
         results: list[Any] = [None] * len(calls)
         todo = list(range(len(calls)))
+        waits: list[Any] = []  # the WAIT reply of each attempt that wrote something
         for _attempt in range(2):
             pipe = self.client.pipeline(transaction=False)
             for i in todo:
@@ -161,8 +162,7 @@ class Store:
                 pipe.execute_command(  # type: ignore[no-untyped-call]
                     "WAIT", replicas, self.config.wait_replicas_timeout_ms)
             replies = pipe.execute(raise_on_error=False)
-            if replicas:
-                self._check_replicas(replies.pop(), wait)
+            waited = replies.pop() if replicas else None
             retry = []
             for i, reply in zip(todo, replies, strict=True):
                 if isinstance(reply, NoScriptError):
@@ -171,7 +171,11 @@ class Store:
                     raise reply
                 else:
                     results[i] = reply
+            if replicas and len(retry) < len(todo):
+                waits.append(waited)
             if not retry:
+                for waited in waits:
+                    self._check_replicas(waited, wait)
                 return results
             script.ensure_loaded(self.client)
             todo = retry

@@ -150,7 +150,9 @@ class SentinelGroup:
         master = redis.Redis(port=self.master.port, decode_responses=True, socket_timeout=1)
         try:
             info = master.info("replication")
-            if int(info.get("connected_slaves", 0)) < len(self.replicas):
+            online = [v for k, v in info.items() if k.startswith("slave") and isinstance(v, dict)
+                      and v.get("state") == "online"]
+            if len(online) < len(self.replicas):
                 return False
         finally:
             master.close()

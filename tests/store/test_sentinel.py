@@ -1,0 +1,180 @@
+"""The store behind Redis Sentinel: a master, a replica and three Sentinels on free ports.
+
+The store's URL lists the Sentinels (``sentinel://a;sentinel://b;...``) with
+``delayed_redis_options = {"master_name": ...}``; the broker is the suite's
+plain private Redis (the publish path). Also ``delayed_wait_replicas``:
+acknowledged writes wait for the replica, and say so when it does not answer.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from support import make_app, need, wait_for
+from support.delivery import queue_keys, queued_ids
+
+from celery_delayed import ReplicationTimeout, apply_later, cancel, get_store
+from celery_delayed.scheduler import Scheduler
+from celery_delayed.testing.sentinel import SentinelGroup
+from celery_delayed.vocab import Reply
+
+
+@pytest.fixture(scope="module")
+def group() -> Iterator[SentinelGroup]:
+    need("redis-server", shutil.which("redis-server") is not None)
+    with SentinelGroup() as g:
+        yield g
+
+
+@pytest.fixture
+def fresh_group() -> Iterator[SentinelGroup]:
+    """A group of its own, for a test that fails its master over."""
+    need("redis-server", shutil.which("redis-server") is not None)
+    with SentinelGroup() as g:
+        yield g
+
+
+def sentinel_app(group: SentinelGroup, broker: str, uid: str, **conf: Any) -> Any:
+    return make_app(broker, uid, delayed_redis_url=group.url,
+                    delayed_redis_options={"master_name": group.master_name}, **conf)
+
+
+def run_scheduler(app: Any) -> tuple[Scheduler, threading.Thread]:
+    sched = Scheduler(app)
+    thread = threading.Thread(target=sched.run, daemon=True)
+    thread.start()
+    return sched, thread
+
+
+@pytest.mark.timeout(60)
+def test_schedule_and_release_through_sentinels(group, redis_url, uid, rclient):
+    app = sentinel_app(group, redis_url, uid, delayed_shards=4)
+    store = get_store(app)
+    assert not store.direct  # the broker is another server: the publish path
+    assert int(store.client.info("server")["tcp_port"]) == group.master_port()
+    ids = [apply_later(app, "e2e.mark", args=(i,), when=0.2, strict=False).id for i in range(20)]
+    far = apply_later(app, "e2e.mark", when=3600, strict=False)
+    assert cancel(app, far.id) == "SCHEDULED"
+    sched, thread = run_scheduler(app)
+    try:
+        keys = queue_keys(f"q{uid}")
+        wait_for(lambda: set(queued_ids(rclient, keys)) >= set(ids), 20, what="every job on the broker")
+        assert sorted(queued_ids(rclient, keys).values()) == [1] * 20
+    finally:
+        sched.stop()
+        thread.join(10)
+    # The replica has the store too (asynchronous replication: poll).
+    replica = redis.Redis(port=group.replicas[0].port, decode_responses=True)
+    try:
+        wait_for(lambda: replica.exists(store.keys.layout) == 1, 5, what="the replica to have the store")
+    finally:
+        replica.close()
+
+
+@pytest.mark.timeout(60)
+def test_wait_replicas_waits_for_the_replica(group, redis_url, uid):
+    app = sentinel_app(group, redis_url, uid, delayed_wait_replicas=1)
+    store = get_store(app)
+    h = apply_later(app, "e2e.mark", when=3600, strict=False)
+    replica = redis.Redis(port=group.replicas[0].port, decode_responses=True)
+    try:
+        # WAIT returned: the replica has the record (no polling needed).
+        assert replica.hget(store.keys.shard(h.shard).job(h.id), "st") == "SCHEDULED"
+        store.reschedule(h.id, "+1000")
+        assert cancel(app, h.id) == "SCHEDULED"
+        assert replica.hget(store.keys.shard(h.shard).job(h.id), "st") == "CANCELLED"
+    finally:
+        replica.close()
+
+
+@pytest.mark.timeout(60)
+def test_too_few_replicas_raise_replication_timeout_and_lose_nothing(group, redis_url, uid):
+    app = sentinel_app(group, redis_url, uid, delayed_wait_replicas=2, delayed_wait_replicas_timeout_ms=100)
+    t0 = time.monotonic()
+    with pytest.raises(ReplicationTimeout) as err:
+        apply_later(app, "e2e.mark", when=3600, task_id=f"job-{uid}", strict=False)
+    assert time.monotonic() - t0 >= 0.09
+    assert (err.value.acked, err.value.wanted) == (1, 2)
+    assert "delayed_wait_replicas" in str(err.value) and "same task_id" in str(err.value)
+    # Written on the master all the same: calling again finds it (not doubled).
+    store = get_store(app)
+    assert store.get(f"job-{uid}")["st"] == "SCHEDULED"
+    with pytest.raises(ReplicationTimeout):
+        cancel(app, f"job-{uid}")
+    assert store.get(f"job-{uid}")["st"] == "CANCELLED"
+
+
+@pytest.mark.timeout(90)
+def test_every_connection_follows_a_failover(fresh_group, redis_url, uid):
+    """The pool, the per-thread lane, the wake subscription and the scripts, after the master is killed."""
+    group = fresh_group
+    app = sentinel_app(group, redis_url, uid, delayed_shards=2, delayed_wait_replicas=1)
+    store = get_store(app)
+    before = apply_later(app, "e2e.mark", when=3600, strict=False)
+    assert store.start("no-such-job", 0, "w1").code == Reply.NOT_FOUND  # the lane is connected
+    sub = store.subscribe_wake()
+    wait_for(lambda: sub.get(0.1) == ("subscribed", ""), 5, what="the subscription")
+    old = group.master_port()
+    assert old is not None
+    group.server_on(old).stop("kill")
+    new = group.wait_failover(old)
+
+    # The client's pool: the next command goes to the promoted replica (it may take
+    # a retry while the Sentinels switch over: redis-py's own retries cover it).
+    wait_for(lambda: _port(store) == new, 10, what="the store's client to reach the new master")
+    assert store.get(before.id)["st"] == "SCHEDULED", "acknowledged with WAIT 1: the replica has it"
+    # The new master has no replica yet: a write is made, but not acknowledged as replicated.
+    with pytest.raises(ReplicationTimeout, match=r"only 0 of the 1 replicas"):
+        apply_later(app, "e2e.mark", when=3600, task_id=f"lonely-{uid}", strict=False)
+    assert store.get(f"lonely-{uid}")["st"] == "SCHEDULED"
+    # The old master comes back: the Sentinels make it a replica of the new one, and writes are acknowledged again.
+    group.server_on(old).start()
+    wait_for(lambda: _replicas(store) >= 1, 30, what="the old master to come back as a replica")
+    # Scripts: the new master may not hold them (NOSCRIPT is answered by loading them).
+    after = apply_later(app, "e2e.mark", when=3600, strict=False)
+    assert cancel(app, after.id) == "SCHEDULED"
+    # The lane (its own connection, apart from the pool) reconnects to the new master.
+    assert store.start("no-such-job", 0, "w1").code == Reply.NOT_FOUND
+    # The subscription made before the failover: redis-py resubscribes it through the
+    # Sentinels (or it raises, and the scheduler's listener makes a new one): either way
+    # it hears the new master's wake-ups.
+    soon = apply_later(app, "e2e.mark", when=60, strict=False)
+    # (a second job due sooner than the first, so the script publishes a wake-up)
+    heard: list[Any] = []
+
+    def hears() -> bool:
+        nonlocal sub
+        try:
+            event = sub.get(0.1)
+        except redis.ConnectionError:
+            sub.close()
+            sub = store.subscribe_wake()
+            return False
+        if event == ("subscribed", ""):
+            sooner = apply_later(app, "e2e.mark", when=30, strict=False, shard_key=str(soon.shard))
+            heard.append(sooner)
+        return bool(heard) and event == ("due", f"{heard[-1].shard}:{heard[-1].due_ms}")
+
+    try:
+        wait_for(hears, 10, what="a wake-up from the new master")
+    finally:
+        sub.close()
+
+
+def _replicas(store: Any) -> int:
+    info = store.client.info("replication")
+    return sum(1 for k, v in info.items() if k.startswith("slave") and isinstance(v, dict)
+               and v.get("state") == "online")
+
+
+def _port(store: Any) -> int | None:
+    try:
+        return int(store.client.info("server")["tcp_port"])
+    except Exception:
+        return None
