@@ -78,6 +78,29 @@ def test_schedule_and_release_through_sentinels(group, redis_url, uid, rclient):
 
 
 @pytest.mark.timeout(60)
+def test_the_store_on_the_brokers_sentinels_releases_directly(group, uid):
+    """No delayed_redis_url: the store is the broker's master (kombu's master_name), the direct path."""
+    app = make_app(group.url, uid, broker_transport_options={"master_name": group.master_name})
+    store = get_store(app)
+    assert store.config.redis_options == {"master_name": group.master_name}
+    assert store.direct
+    ids = [apply_later(app, "e2e.mark", args=(i,), when=0, strict=False).id for i in range(5)]
+    sched, thread = run_scheduler(app)
+    master = redis.Redis(port=group.master_port(), decode_responses=True)
+    try:
+        keys = queue_keys(f"q{uid}")
+        wait_for(lambda: set(queued_ids(master, keys)) >= set(ids), 20, what="every job on the master's list")
+    finally:
+        master.close()
+        sched.stop()
+        thread.join(10)
+    # Another master name behind the same Sentinels is another server: the publish path.
+    other = make_app(group.url, uid, broker_transport_options={"master_name": group.master_name},
+                     delayed_redis_url=group.url, delayed_redis_options={"master_name": "elsewhere"})
+    assert not get_store(other).direct
+
+
+@pytest.mark.timeout(60)
 def test_wait_replicas_waits_for_the_replica(group, redis_url, uid):
     app = sentinel_app(group, redis_url, uid, delayed_wait_replicas=1)
     store = get_store(app)
