@@ -19,7 +19,7 @@ import redis
 from support import make_app, need, wait_for
 from support.delivery import queue_keys, queued_ids
 
-from celery_delayed import ReplicationTimeout, apply_later, cancel, get_store
+from celery_delayed import DuplicateJob, ReplicationTimeout, StoreUnavailable, apply_later, cancel, get_store
 from celery_delayed.scheduler import Scheduler
 from celery_delayed.testing.sentinel import SentinelGroup
 from celery_delayed.vocab import Reply
@@ -201,3 +201,55 @@ def _port(store: Any) -> int | None:
         return int(store.client.info("server")["tcp_port"])
     except Exception:
         return None
+
+
+@pytest.mark.timeout(90)
+def test_a_switchover_is_followed(fresh_group, redis_url, uid):
+    """SENTINEL FAILOVER: the old master stays up as a replica (READONLY): writes go to the new one."""
+    group = fresh_group
+    app = sentinel_app(group, redis_url, uid, delayed_shards=2)
+    store = get_store(app)
+    h = apply_later(app, "e2e.mark", when=3600, strict=False)
+    assert store.start("no-such-job", 0, "w1").code == Reply.NOT_FOUND  # the lane is connected
+    old = group.master_port()
+    assert old is not None
+    sentinel = redis.Redis(port=group.sentinels[0].port)
+    try:
+        sentinel.execute_command("SENTINEL", "FAILOVER", group.master_name)
+    finally:
+        sentinel.close()
+    new = group.wait_failover(old)
+    # The old master becomes a replica: until then a write may still reach it.
+    wait_for(lambda: _role(old) == "slave", 20, what="the old master to become a replica")
+
+    def schedules() -> bool:
+        try:
+            apply_later(app, "e2e.mark", when=3600, task_id=f"after-{uid}", strict=False)
+        except StoreUnavailable:  # a connection to the demoted master answered READONLY: dropped
+            return False
+        except DuplicateJob:
+            pass
+        return True
+
+    wait_for(schedules, 10, what="a write to reach the new master")
+    master = redis.Redis(port=new, decode_responses=True)
+    try:
+        assert master.exists(store.keys.shard(store.shard_of(f"after-{uid}")).job(f"after-{uid}"))
+    finally:
+        master.close()
+    assert cancel(app, h.id) == "SCHEDULED"
+    # The lane moved too: its connection to the demoted master answered READONLY to a write
+    # (or was dropped by the demotion) and was replaced by one to the new master.
+    lane = store._lanes.get()
+    wait_for(lambda: store.start(f"after-{uid}", 0, "w1") is not None and lane.conn is not None
+             and lane.conn.port == new, 10, what="the lane on the new master")
+
+
+def _role(port: int) -> str | None:
+    client = redis.Redis(port=port, decode_responses=True, socket_timeout=1)
+    try:
+        return str(client.info("replication")["role"])
+    except redis.RedisError:
+        return None
+    finally:
+        client.close()
