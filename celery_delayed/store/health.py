@@ -33,6 +33,12 @@ class ServerHealth:
         info.update(self.store.client.info("persistence"))
         return info
 
+    def replicas(self) -> int:
+        """How many replicas of the store's server are online (``INFO replication``)."""
+        info = self.store.client.info("replication")
+        return sum(1 for k, v in info.items()
+                   if k.startswith("slave") and isinstance(v, dict) and v.get("state") == "online")
+
     def warnings(self) -> list[str]:
         """One line per problem found, each saying what to do; empty when all is well.
 

@@ -20,6 +20,7 @@ from support import make_app, need, wait_for
 from support.delivery import queue_keys, queued_ids
 
 from celery_delayed import DuplicateJob, ReplicationTimeout, StoreUnavailable, apply_later, cancel, get_store
+from celery_delayed.doctor import store_findings
 from celery_delayed.scheduler import Scheduler
 from celery_delayed.testing.sentinel import SentinelGroup
 from celery_delayed.vocab import Reply
@@ -131,6 +132,15 @@ def test_too_few_replicas_raise_replication_timeout_and_lose_nothing(group, redi
     with pytest.raises(ReplicationTimeout):
         cancel(app, f"job-{uid}")
     assert store.get(f"job-{uid}")["st"] == "CANCELLED"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("wanted", "level"), [(0, "ok"), (1, "warning"), (2, "problem")])
+def test_doctor_checks_the_replicas_against_wait_replicas(group, redis_url, uid, wanted, level):
+    app = sentinel_app(group, redis_url, uid, delayed_wait_replicas=wanted)
+    found = [f for f in store_findings(get_store(app)) if f.check == "replication"]
+    assert [f.level for f in found] == [level], found
+    assert "1 replica(s)" in found[0].message
 
 
 @pytest.mark.timeout(90)
