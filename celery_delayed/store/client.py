@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import redis
-from redis.backoff import ExponentialBackoff
+from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.exceptions import BusyLoadingError, OutOfMemoryError, ReadOnlyError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
-from redis.sentinel import Sentinel
+from redis.sentinel import MasterNotFoundError, Sentinel
 
 from ..config import is_sentinel_url, sentinel_hosts
 from ..errors import DelayedError, StoreFull, StoreUnavailable
@@ -49,6 +50,14 @@ def translate(exc: Exception, url: str) -> DelayedError | None:
             f"the celery-delayed store at {redact(url)} is full (Redis maxmemory reached): nothing was "
             f"written ({exc}). Release or purge jobs (`delayed status`, `delayed dlq purge`), raise "
             "maxmemory, or move the store to a larger Redis; keep maxmemory-policy noeviction"
+        )
+    if isinstance(exc, MasterNotFoundError):  # redis-py's message lists every Sentinel client: say it short
+        why = sorted(set(re.findall(r" - [^ ]+?:(\w+)", str(exc))))
+        return StoreUnavailable(
+            f"cannot reach the celery-delayed store at {redact(url)}: no Sentinel named its master "
+            f"({', '.join(why) or str(exc).split(':')[0]}); nothing was written. Check that the Sentinels run "
+            "and monitor delayed_redis_options['master_name'], and their password (delayed_redis_options"
+            "['sentinel_kwargs'])"
         )
     if isinstance(exc, UNAVAILABLE):
         # Refused or timed out while connecting: the command never left. Lost while
@@ -145,10 +154,12 @@ def sentinel_client(url: str, options: dict[str, Any], kwargs: dict[str, Any]) -
         conn.setdefault("username", first.username)
     if first.password:
         conn.setdefault("password", first.password)
-    timeouts = {k: v for k, v in kwargs.items() if k.startswith("socket_")}
+    # One try per Sentinel and per discovery: the client asks the next Sentinel itself, and the
+    # command's own retries ask them all again (redis-py's default of 3 retries with back-off
+    # per Sentinel made one failed discovery take about 25 s with three Sentinels).
+    ask = {"socket_connect_timeout": 2, "socket_timeout": 5, "retry": Retry(NoBackoff(), 0)}
     sentinels = Sentinel(  # type: ignore[no-untyped-call]
-        sentinel_hosts(url), min_other_sentinels=min_other,
-        sentinel_kwargs={**timeouts, **(sentinel_kwargs or {})},
+        sentinel_hosts(url), min_other_sentinels=min_other, sentinel_kwargs={**ask, **(sentinel_kwargs or {})},
     )
     client: redis.Redis = sentinels.master_for(  # type: ignore[no-untyped-call]
         master_name, redis_class=redis.Redis, **conn)

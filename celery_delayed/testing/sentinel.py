@@ -30,8 +30,10 @@ class SentinelServer:
     """One Sentinel process (``redis-server <conf> --sentinel``) watching ``master_name``."""
 
     def __init__(self, master_name: str, master_port: int, *, quorum: int = 2, down_after_ms: int = 500,
-                 failover_timeout_ms: int = 2000) -> None:
+                 failover_timeout_ms: int = 2000, password: str | None = None,
+                 sentinel_password: str | None = None) -> None:
         self.port = free_port()
+        self.password = sentinel_password
         self.dir = tempfile.mkdtemp(prefix="celery-delayed-sentinel-")
         self.conf = Path(self.dir, "sentinel.conf")
         self.conf.write_text(
@@ -41,6 +43,9 @@ class SentinelServer:
             f"sentinel down-after-milliseconds {master_name} {down_after_ms}\n"
             f"sentinel failover-timeout {master_name} {failover_timeout_ms}\n"
             f"sentinel parallel-syncs {master_name} 1\n"
+            + (f"sentinel auth-pass {master_name} {password}\n" if password else "")
+            + (f"requirepass {sentinel_password}\nsentinel sentinel-pass {sentinel_password}\n"
+               if sentinel_password else "")
         )
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -54,7 +59,7 @@ class SentinelServer:
         """Start the Sentinel and wait until it answers PING."""
         self.proc = subprocess.Popen([ensure_redis_server(), str(self.conf), "--sentinel"],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis(port=self.port, socket_timeout=1, socket_connect_timeout=0.2)
+        client = self.client()
         deadline = time.monotonic() + timeout
         try:
             while time.monotonic() < deadline:
@@ -70,6 +75,11 @@ class SentinelServer:
             client.close()
         self.close()
         raise RuntimeError(f"redis-server --sentinel did not start on port {self.port}")
+
+    def client(self) -> redis.Redis:
+        """A client of this Sentinel (with its password)."""
+        return redis.Redis(port=self.port, password=self.password, decode_responses=True, socket_timeout=1,
+                           socket_connect_timeout=0.5)
 
     def close(self) -> None:
         """Stop the Sentinel and remove its folder."""
@@ -94,23 +104,40 @@ class SentinelGroup:
         down_after_ms: ``sentinel down-after-milliseconds``: how long the
             master must be unreachable before a failover starts.
         failover_timeout_ms: ``sentinel failover-timeout``.
+        password: the servers' ``requirepass`` (and ``masterauth``; the
+            Sentinels' ``auth-pass``).
+        sentinel_password: the Sentinels' own ``requirepass``.
     """
 
     def __init__(self, master_name: str = "delayedmaster", *, replicas: int = 1, sentinels: int = 3,
-                 down_after_ms: int = 500, failover_timeout_ms: int = 2000) -> None:
+                 down_after_ms: int = 500, failover_timeout_ms: int = 2000, password: str | None = None,
+                 sentinel_password: str | None = None) -> None:
         self.master_name = master_name
-        self.master = RedisServer()
-        self.replicas = [RedisServer("--replicaof", "127.0.0.1", str(self.master.port)) for _ in range(replicas)]
+        self.password = password
+        auth = ["--requirepass", password, "--masterauth", password] if password else []
+        self.master = RedisServer(*auth)
+        self.replicas = [RedisServer(*auth, "--replicaof", "127.0.0.1", str(self.master.port))
+                         for _ in range(replicas)]
         self.sentinels = [
             SentinelServer(master_name, self.master.port, quorum=min(2, sentinels), down_after_ms=down_after_ms,
-                           failover_timeout_ms=failover_timeout_ms)
+                           failover_timeout_ms=failover_timeout_ms, password=password,
+                           sentinel_password=sentinel_password)
             for _ in range(sentinels)
         ]
 
     @property
     def url(self) -> str:
-        """The store URL: every Sentinel, ``sentinel://127.0.0.1:port`` parts joined by ``;``."""
-        return ";".join(f"sentinel://127.0.0.1:{s.port}" for s in self.sentinels)
+        """The store URL: every Sentinel, ``sentinel://127.0.0.1:port`` parts joined by ``;``.
+
+        With ``password``, the first part carries it (``sentinel://:password@...``: the master's).
+        """
+        auth = f":{self.password}@" if self.password else ""
+        return ";".join(f"sentinel://{auth if i == 0 else ''}127.0.0.1:{s.port}" for i, s in enumerate(self.sentinels))
+
+    def server_client(self, port: int) -> redis.Redis:
+        """A client of the master or a replica on ``port`` (with the password)."""
+        return redis.Redis(port=port, password=self.password, decode_responses=True, socket_timeout=1,
+                           socket_connect_timeout=0.5)
 
     @property
     def servers(self) -> list[RedisServer]:
@@ -120,7 +147,7 @@ class SentinelGroup:
     def master_port(self) -> int | None:
         """The port of the master the first Sentinel that answers names now, or None."""
         for s in self.sentinels:
-            client = redis.Redis(port=s.port, socket_timeout=1, socket_connect_timeout=0.5)
+            client = s.client()
             try:
                 host_port = client.sentinel_get_master_addr_by_name(self.master_name)
                 if isinstance(host_port, (tuple, list)):
@@ -147,7 +174,7 @@ class SentinelGroup:
         raise RuntimeError(f"the Sentinel group did not come up within {timeout} s:\n{logs}")
 
     def _ready(self, want_sentinels: int) -> bool:
-        master = redis.Redis(port=self.master.port, decode_responses=True, socket_timeout=1)
+        master = self.server_client(self.master.port)
         try:
             info = master.info("replication")
             online = [v for k, v in info.items() if k.startswith("slave") and isinstance(v, dict)
@@ -157,7 +184,7 @@ class SentinelGroup:
         finally:
             master.close()
         for s in self.sentinels:
-            client = redis.Redis(port=s.port, decode_responses=True, socket_timeout=1)
+            client = s.client()
             try:
                 fields = client.sentinel_master(self.master_name)
                 if not isinstance(fields, dict):
@@ -178,7 +205,7 @@ class SentinelGroup:
         while time.monotonic() < deadline:
             port = self.master_port()
             if port is not None and port != old_port:
-                client = redis.Redis(port=port, decode_responses=True, socket_timeout=1)
+                client = self.server_client(port)
                 try:
                     if client.info("replication").get("role") == "master":
                         return port

@@ -19,7 +19,15 @@ import redis
 from support import make_app, need, wait_for
 from support.delivery import queue_keys, queued_ids
 
-from celery_delayed import DuplicateJob, ReplicationTimeout, StoreUnavailable, apply_later, cancel, get_store
+from celery_delayed import (
+    DuplicateJob,
+    ReplicationTimeout,
+    Store,
+    StoreUnavailable,
+    apply_later,
+    cancel,
+    get_store,
+)
 from celery_delayed.doctor import store_findings
 from celery_delayed.scheduler import Scheduler
 from celery_delayed.testing.sentinel import SentinelGroup
@@ -263,3 +271,26 @@ def _role(port: int) -> str | None:
         return None
     finally:
         client.close()
+
+
+@pytest.mark.timeout(60)
+def test_auth_on_the_servers_and_on_the_sentinels(redis_url, uid):
+    """The master's password in the URL, the Sentinels' own in sentinel_kwargs (kombu's convention)."""
+    need("redis-server", shutil.which("redis-server") is not None)
+    with SentinelGroup(password="m4ster-pw", sentinel_password="s3ntinel-pw") as group:
+        assert group.url.startswith("sentinel://:m4ster-pw@127.0.0.1:")
+        app = make_app(redis_url, uid, delayed_redis_url=group.url,
+                       delayed_redis_options={"master_name": group.master_name,
+                                              "sentinel_kwargs": {"password": "s3ntinel-pw"}})
+        h = apply_later(app, "e2e.mark", when=3600, strict=False)
+        assert cancel(app, h.id) == "SCHEDULED"
+        assert get_store(app).start("no-such-job", 0, "w1").code == Reply.NOT_FOUND  # the lane authenticates
+        # Without the Sentinels' password no Sentinel answers: StoreUnavailable, the passwords not shown.
+        bad = make_app(redis_url, f"{uid}b", delayed_redis_url=group.url,
+                       delayed_redis_options={"master_name": group.master_name})
+        with pytest.raises(StoreUnavailable) as err:
+            Store(bad, fail_fast=True).now_ms()
+        msg = str(err.value)
+        assert "m4ster-pw" not in msg and "sentinel://:***@" in msg, msg
+        assert "no Sentinel named its master (AuthenticationError); nothing was written" in msg, msg
+        assert len(msg) < 600, msg
