@@ -23,7 +23,36 @@ import redis
 
 from .servers import RedisServer, ensure_redis_server, free_port
 
-__all__ = ["SentinelGroup", "SentinelServer"]
+__all__ = ["SentinelGroup", "SentinelServer", "make_certs"]
+
+
+def make_certs(folder: str) -> dict[str, str]:
+    """A throw-away CA and a server certificate for 127.0.0.1 (``openssl``), in ``folder``.
+
+    Returns the paths: ``ca``, ``cert``, ``key``.
+    """
+    exe = shutil.which("openssl")
+    if exe is None:
+        raise FileNotFoundError("openssl is not installed (needed for a TLS test deployment)")
+    f = {name: str(Path(folder, name)) for name in ("ca.key", "ca.crt", "server.key", "server.csr", "server.crt",
+                                                    "san.ext")}
+    Path(f["san.ext"]).write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+
+    def run(*args: str) -> None:
+        subprocess.run([exe, *args], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    run("req", "-x509", "-new", "-nodes", "-newkey", "rsa:2048", "-keyout", f["ca.key"], "-out", f["ca.crt"],
+        "-days", "2", "-subj", "/CN=celery-delayed test CA")
+    run("req", "-new", "-nodes", "-newkey", "rsa:2048", "-keyout", f["server.key"], "-out", f["server.csr"],
+        "-subj", "/CN=127.0.0.1")
+    run("x509", "-req", "-in", f["server.csr"], "-CA", f["ca.crt"], "-CAkey", f["ca.key"], "-CAcreateserial",
+        "-out", f["server.crt"], "-days", "2", "-extfile", f["san.ext"])
+    return {"ca": f["ca.crt"], "cert": f["server.crt"], "key": f["server.key"]}
+
+
+def _tls_lines(certs: dict[str, str]) -> list[str]:
+    return [f"tls-cert-file {certs['cert']}", f"tls-key-file {certs['key']}", f"tls-ca-cert-file {certs['ca']}",
+            "tls-auth-clients no", "tls-replication yes"]
 
 
 class SentinelServer:
@@ -31,8 +60,9 @@ class SentinelServer:
 
     def __init__(self, master_name: str, master_port: int, *, quorum: int = 2, down_after_ms: int = 500,
                  failover_timeout_ms: int = 2000, password: str | None = None,
-                 sentinel_password: str | None = None) -> None:
+                 sentinel_password: str | None = None, certs: dict[str, str] | None = None) -> None:
         self.port = free_port()
+        self.tls_port = free_port() if certs else None
         self.password = sentinel_password
         self.dir = tempfile.mkdtemp(prefix="celery-delayed-sentinel-")
         self.conf = Path(self.dir, "sentinel.conf")
@@ -46,6 +76,7 @@ class SentinelServer:
             + (f"sentinel auth-pass {master_name} {password}\n" if password else "")
             + (f"requirepass {sentinel_password}\nsentinel sentinel-pass {sentinel_password}\n"
                if sentinel_password else "")
+            + ("".join(f"{line}\n" for line in [f"tls-port {self.tls_port}", *_tls_lines(certs)]) if certs else "")
         )
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -107,21 +138,43 @@ class SentinelGroup:
         password: the servers' ``requirepass`` (and ``masterauth``; the
             Sentinels' ``auth-pass``).
         sentinel_password: the Sentinels' own ``requirepass``.
+        tls: every server and Sentinel also listens with TLS (a throw-away CA,
+            :attr:`certs`), replication and the Sentinels' links use it, and
+            :attr:`url` lists the Sentinels' TLS ports; the Sentinels name the
+            masters' TLS ports. The plain ports stay open for the helpers.
     """
 
     def __init__(self, master_name: str = "delayedmaster", *, replicas: int = 1, sentinels: int = 3,
                  down_after_ms: int = 500, failover_timeout_ms: int = 2000, password: str | None = None,
-                 sentinel_password: str | None = None) -> None:
+                 sentinel_password: str | None = None, tls: bool = False) -> None:
         self.master_name = master_name
         self.password = password
-        auth = ["--requirepass", password, "--masterauth", password] if password else []
-        self.master = RedisServer(*auth)
-        self.replicas = [RedisServer(*auth, "--replicaof", "127.0.0.1", str(self.master.port))
-                         for _ in range(replicas)]
+        self.tls_dir = tempfile.mkdtemp(prefix="celery-delayed-tls-") if tls else None
+        self.certs = make_certs(self.tls_dir) if self.tls_dir else None
+        #: TLS port -> plain port of each server (TLS only)
+        self.plain_port: dict[int, int] = {}
+
+        def server(*extra: str) -> RedisServer:
+            args = ["--requirepass", password, "--masterauth", password] if password else []
+            if self.certs:
+                tls_port = free_port()
+                args += ["--tls-port", str(tls_port)]
+                for line in _tls_lines(self.certs):
+                    name, value = line.split(" ", 1)
+                    args += [f"--{name}", value]
+            srv = RedisServer(*args, *extra)
+            if self.certs:
+                self.plain_port[tls_port] = srv.port
+                srv.tls_port = tls_port  # type: ignore[attr-defined]
+            return srv
+
+        self.master = server()
+        named = getattr(self.master, "tls_port", self.master.port)  # the port the Sentinels and replicas use
+        self.replicas = [server("--replicaof", "127.0.0.1", str(named)) for _ in range(replicas)]
         self.sentinels = [
-            SentinelServer(master_name, self.master.port, quorum=min(2, sentinels), down_after_ms=down_after_ms,
+            SentinelServer(master_name, named, quorum=min(2, sentinels), down_after_ms=down_after_ms,
                            failover_timeout_ms=failover_timeout_ms, password=password,
-                           sentinel_password=sentinel_password)
+                           sentinel_password=sentinel_password, certs=self.certs)
             for _ in range(sentinels)
         ]
 
@@ -132,12 +185,13 @@ class SentinelGroup:
         With ``password``, the first part carries it (``sentinel://:password@...``: the master's).
         """
         auth = f":{self.password}@" if self.password else ""
-        return ";".join(f"sentinel://{auth if i == 0 else ''}127.0.0.1:{s.port}" for i, s in enumerate(self.sentinels))
+        return ";".join(f"sentinel://{auth if i == 0 else ''}127.0.0.1:{s.tls_port or s.port}"
+                        for i, s in enumerate(self.sentinels))
 
     def server_client(self, port: int) -> redis.Redis:
-        """A client of the master or a replica on ``port`` (with the password)."""
-        return redis.Redis(port=port, password=self.password, decode_responses=True, socket_timeout=1,
-                           socket_connect_timeout=0.5)
+        """A client of the master or a replica on ``port`` (its plain port; a TLS port is mapped to it)."""
+        return redis.Redis(port=self.plain_port.get(port, port), password=self.password, decode_responses=True,
+                           socket_timeout=1, socket_connect_timeout=0.5)
 
     @property
     def servers(self) -> list[RedisServer]:
@@ -159,7 +213,8 @@ class SentinelGroup:
         return None
 
     def server_on(self, port: int) -> RedisServer:
-        """The server listening on ``port``."""
+        """The server listening on ``port`` (plain or TLS)."""
+        port = self.plain_port.get(port, port)
         return next(s for s in self.servers if s.port == port)
 
     def wait_ready(self, timeout: float = 20.0) -> None:
@@ -235,6 +290,8 @@ class SentinelGroup:
             s.close()
         for server in self.servers:
             server.close()
+        if self.tls_dir:
+            shutil.rmtree(self.tls_dir, ignore_errors=True)
 
     def __enter__(self) -> SentinelGroup:
         return self.start()

@@ -294,3 +294,40 @@ def test_auth_on_the_servers_and_on_the_sentinels(redis_url, uid):
         assert "m4ster-pw" not in msg and "sentinel://:***@" in msg, msg
         assert "no Sentinel named its master (AuthenticationError); nothing was written" in msg, msg
         assert len(msg) < 600, msg
+
+
+@pytest.mark.timeout(90)
+def test_tls_to_the_sentinels_and_the_master_through_a_failover(redis_url, uid):
+    """TLS everywhere (``ssl`` for the master's connections, ``sentinel_kwargs`` for the Sentinels'), with AUTH."""
+    need("redis-server", shutil.which("redis-server") is not None)
+    need("openssl", shutil.which("openssl") is not None)
+    with SentinelGroup(tls=True, password="m4ster-pw") as group:
+        assert group.certs is not None
+        tls = {"ssl": True, "ssl_ca_certs": group.certs["ca"], "ssl_cert_reqs": "required"}
+        app = make_app(redis_url, uid, delayed_redis_url=group.url,
+                       delayed_redis_options={"master_name": group.master_name, **tls, "sentinel_kwargs": tls})
+        store = get_store(app)
+        h = apply_later(app, "e2e.mark", when=3600, strict=False)
+        assert store.start("no-such-job", 0, "w1").code == Reply.NOT_FOUND
+        lane = store._lanes.get().conn
+        old = group.master_port()
+        assert "SSL" in type(lane).__name__ and lane.port == old  # the master's TLS port, named by the Sentinels
+        replica = group.server_client(group.replicas[0].port)
+        try:  # replication runs over TLS too
+            wait_for(lambda: replica.exists(store.keys.shard(h.shard).job(h.id)) == 1, 5, what="the replica")
+        finally:
+            replica.close()
+        group.server_on(old).stop("kill")
+        new = group.wait_failover(old)
+        wait_for(lambda: _schedules(app), 10, what="a write to the new master")
+        assert store.get(h.id)["st"] == "SCHEDULED"
+        assert store.start("no-such-job", 0, "w1").code == Reply.NOT_FOUND
+        assert store._lanes.get().conn.port == new
+
+
+def _schedules(app: Any) -> bool:
+    try:
+        apply_later(app, "e2e.mark", when=3600, strict=False)
+    except StoreUnavailable:
+        return False
+    return True
