@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import redis
-from support import make_app, need, wait_for
+from support import WorkerProcess, make_app, need, ran, wait_for
 from support.delivery import queue_keys, queued_ids
 
 from celery_delayed import (
@@ -87,7 +87,7 @@ def test_schedule_and_release_through_sentinels(group, redis_url, uid, rclient):
 
 
 @pytest.mark.timeout(60)
-def test_the_store_on_the_brokers_sentinels_releases_directly(group, uid):
+def test_the_store_on_the_brokers_sentinels_releases_directly(group, redis_url, uid):
     """No delayed_redis_url: the store is the broker's master (kombu's master_name), the direct path."""
     app = make_app(group.url, uid, broker_transport_options={"master_name": group.master_name})
     store = get_store(app)
@@ -103,6 +103,20 @@ def test_the_store_on_the_brokers_sentinels_releases_directly(group, uid):
         master.close()
         sched.stop()
         thread.join(10)
+    # A real worker on the broker's Sentinels (kombu's SentinelChannel) runs them; its ledger is the same store.
+    conf = {"broker_transport_options": {"master_name": group.master_name}, "delayed_redis_url": None}
+    worker = WorkerProcess(group.url, f"t{uid}", f"q{uid}", store=redis_url, conf=conf, concurrency=2,
+                           pool="threads")
+    try:
+        worker.wait_ready()
+        runs = redis.Redis.from_url(redis_url, decode_responses=True)
+        try:
+            wait_for(lambda: sorted(ran(runs, f"t{uid}")) == sorted(ids), 30, what="the worker to run every job")
+        finally:
+            runs.close()
+        wait_for(lambda: all(store.get(i)["st"] == "SUCCEEDED" for i in ids), 10, what="the ledger")
+    finally:
+        worker.stop()
     # Another master name behind the same Sentinels is another server: the publish path.
     other = make_app(group.url, uid, broker_transport_options={"master_name": group.master_name},
                      delayed_redis_url=group.url, delayed_redis_options={"master_name": "elsewhere"})
