@@ -23,7 +23,7 @@ import redis
 from celery import Celery
 from redis.exceptions import NoScriptError, ResponseError
 
-from ..config import DelayedConfig, broker_url, get_config
+from ..config import DelayedConfig, broker_url, get_config, is_sentinel_url
 from ..errors import (
     ConfigurationError,
     InvalidOption,
@@ -36,7 +36,7 @@ from ..errors import (
 from ..vocab import ETA_FALLBACK_LAST, ETA_FALLBACKS, Field, JobState, Reply
 from . import compact
 from .broker_layout import BrokerLayout, same_redis
-from .client import make_client, translate_errors
+from .client import make_client, redact, translate_errors
 from .compact import Template
 from .keys import Keys, ShardKeys, index_part, parse_index_part, shard_for
 from .lane import Lanes
@@ -236,9 +236,22 @@ class Store:
         if self.config.release_mode != "direct":
             return
         broker = broker_url(self.app.conf)
-        if not broker or same_redis(broker, self.url):
+        if is_sentinel_url(broker):  # the same Sentinels, database and master name, or refused
+            theirs = (self.app.conf.broker_transport_options or {}).get("master_name")
+            same = same_redis(broker, self.url) and theirs == self.config.redis_options.get("master_name")
+            why = "" if same else "another Sentinel master (other Sentinels, database or master_name)"
+        elif not broker or same_redis(broker, self.url):
             return
-        why = ""
+        else:
+            why = self._other_server(broker)
+        if why:
+            raise ConfigurationError(
+                f"delayed_release_mode is 'direct', but the broker {redact(broker)!r} is {why} than "
+                f"the store's: the release script pushes onto the store server's lists, which no worker of this "
+                "broker reads. Use delayed_release_mode 'auto' or 'publish'")
+
+    def _other_server(self, broker: str) -> str:
+        """Why the Redis broker at ``broker`` is not the store's server and database ('' when it is)."""
         try:
             other = redis.Redis.from_url(broker, socket_connect_timeout=2, socket_timeout=5)
             try:
@@ -246,15 +259,9 @@ class Store:
             finally:
                 other.close()
             ours = self.client.info("server").get("run_id"), self.client.connection_pool.connection_kwargs.get("db", 0)
-            if theirs != ours:
-                why = "a different Redis server or database"
+            return "" if theirs == ours else "a different Redis server or database"
         except (ResponseError, ValueError) as exc:
-            why = f"not a Redis server this store can verify ({exc})"
-        if why:
-            raise ConfigurationError(
-                f"delayed_release_mode is 'direct', but the broker {broker_url(self.app.conf)!r} is {why} than "
-                f"the store's: the release script pushes onto the store server's lists, which no worker of this "
-                "broker reads. Use delayed_release_mode 'auto' or 'publish'")
+            return f"not a Redis server this store can verify ({exc})"
 
     def layout(self) -> dict[str, str]:
         """The ``shards`` and ``bucket_ms`` recorded when the store was created (empty: none yet); reads only."""

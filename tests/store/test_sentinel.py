@@ -20,6 +20,7 @@ from support import WorkerProcess, make_app, need, ran, wait_for
 from support.delivery import queue_keys, queued_ids
 
 from celery_delayed import (
+    ConfigurationError,
     DuplicateJob,
     ReplicationTimeout,
     Store,
@@ -121,6 +122,13 @@ def test_the_store_on_the_brokers_sentinels_releases_directly(group, redis_url, 
     other = make_app(group.url, uid, broker_transport_options={"master_name": group.master_name},
                      delayed_redis_url=group.url, delayed_redis_options={"master_name": "elsewhere"})
     assert not get_store(other).direct
+    # Forced direct: refused for another master name, accepted for the broker's own.
+    with pytest.raises(ConfigurationError, match=r"another Sentinel master"):
+        Store(make_app(group.url, uid, broker_transport_options={"master_name": "elsewhere"},
+                       delayed_redis_url=group.url, delayed_redis_options={"master_name": group.master_name},
+                       delayed_release_mode="direct")).check_layout()
+    Store(make_app(group.url, uid, broker_transport_options={"master_name": group.master_name},
+                   delayed_release_mode="direct")).check_layout()
 
 
 @pytest.mark.timeout(60)
