@@ -173,6 +173,25 @@ def test_doctor_checks_the_replicas_against_wait_replicas(group, redis_url, uid,
     assert "1 replica(s)" in found[0].message
 
 
+@pytest.mark.timeout(60)
+def test_with_a_database_an_unreplicated_index_is_not_an_error(group, redis_url, uid, tmp_path):
+    """The row is the job: a ReplicationTimeout while indexing it is logged, the call succeeds."""
+    from celery_delayed.sql.rows import get_rows
+
+    app = sentinel_app(group, redis_url, uid, delayed_wait_replicas=2, delayed_wait_replicas_timeout_ms=50,
+                       delayed_database_url=f"sqlite:///{tmp_path / 'delayed.db'}")
+    rows = get_rows(app)
+    assert rows is not None
+    rows.init_schema()
+    try:
+        h = apply_later(app, "e2e.mark", when=3600, strict=False)
+        assert h.indexed is True
+        assert rows.get(h.id).state == "SCHEDULED"
+        assert get_store(app).get(h.id)["st"] == "SCHEDULED"
+    finally:
+        rows.dispose()
+
+
 @pytest.mark.timeout(90)
 def test_every_connection_follows_a_failover(fresh_group, redis_url, uid):
     """The pool, the per-thread lane, the wake subscription and the scripts, after the master is killed."""
