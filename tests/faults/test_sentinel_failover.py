@@ -1,9 +1,10 @@
 """The store's master is SIGKILLed under load; Sentinel promotes a replica; everyone carries on.
 
 A master, two replicas and three Sentinels (``down-after-milliseconds 500``);
-the store is reached through the Sentinels, the broker is the suite's plain
-private Redis (the publish path), so what is counted is the store's
-failover alone. Two producer threads schedule jobs due 0.3 s later (a call
+the store is reached through the Sentinels. The broker is either the suite's
+plain private Redis (the publish path: what is counted is the store's
+failover alone) or the same Sentinels' master (kombu's Sentinel transport,
+the direct path: the whole deployment fails over). Two producer threads schedule jobs due 0.3 s later (a call
 the store could not take is retried with the same ``task_id`` until it is
 acknowledged: ``DuplicateJob`` on a retry means the first attempt was
 written); two schedulers (in-process, each with its own store client)
@@ -79,20 +80,28 @@ class Producer(threading.Thread):
             time.sleep(0.005)
 
 
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("wait_replicas", [0, 1])
-def test_master_killed_under_load(redis_url, uid, rclient, wait_replicas):
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize(("wait_replicas", "broker"), [(0, "plain"), (1, "plain"), (1, "sentinel")])
+def test_master_killed_under_load(redis_url, uid, rclient, wait_replicas, broker):
+    """``broker``: "plain" (the suite's Redis: the publish path) or "sentinel" (the store's master: direct)."""
     need("redis-server", shutil.which("redis-server") is not None)
     conf = dict(delayed_shards=8, delayed_lease_ms=2000, delayed_claim_lease_ms=2000, delayed_lookahead_ms=0,
-                delayed_wait_replicas=wait_replicas)
+                delayed_wait_replicas=wait_replicas, delayed_reconcile_interval_s=2.0, delayed_requeue_after_s=3.0)
     with SentinelGroup(replicas=2) as group:
-        store_conf = {"delayed_redis_url": group.url, "delayed_redis_options": {"master_name": group.master_name}}
+        if broker == "plain":
+            broker_url = redis_url
+            store_conf: dict[str, Any] = {"delayed_redis_url": group.url,
+                                          "delayed_redis_options": {"master_name": group.master_name}}
+        else:  # the store is the broker's master (kombu's own convention for its options)
+            broker_url = group.url
+            store_conf = {"delayed_redis_url": None,
+                          "broker_transport_options": {"master_name": group.master_name}}
 
         def app() -> Any:
-            return make_app(redis_url, uid, **store_conf, **conf)
+            return make_app(broker_url, uid, **store_conf, **conf)
 
-        # The broker and the worker's run log are the suite's plain Redis; its store is the Sentinels'.
-        worker = WorkerProcess(redis_url, f"t{uid}", f"q{uid}", store=redis_url, conf={**store_conf, **conf},
+        # The worker's run log is the suite's plain Redis (it survives the failover).
+        worker = WorkerProcess(broker_url, f"t{uid}", f"q{uid}", store=redis_url, conf={**store_conf, **conf},
                                concurrency=4, pool="threads")
         schedulers = [Scheduler(app()) for _ in range(2)]
         threads = [threading.Thread(target=s.run, daemon=True) for s in schedulers]
@@ -119,6 +128,8 @@ def test_master_killed_under_load(redis_url, uid, rclient, wait_replicas):
             after_kill = [i for p in producers for i, t in p.acked if t > killed_at + promoted_s]
             assert after_kill, "no producer was acknowledged after the failover"
             store = get_store(app())
+            assert store.direct == (broker == "sentinel")
+            queues = store.client if store.direct else rclient
             seen: dict[str, Any] = {}
 
             def settled() -> bool:
@@ -127,7 +138,7 @@ def test_master_killed_under_load(redis_url, uid, rclient, wait_replicas):
                     seen["runs"] = runs
                     return True
                 left = sum(r["pending"] + r["inflight"] for r in ShardStatus(store).rows())
-                queued = sum(rclient.llen(k) for k in queue_keys(f"q{uid}"))
+                queued = sum(queues.llen(k) for k in queue_keys(f"q{uid}"))
                 if left or queued or runs != seen.get("runs"):
                     seen.update(runs=runs, since=time.monotonic())
                     return False
@@ -142,7 +153,8 @@ def test_master_killed_under_load(redis_url, uid, rclient, wait_replicas):
             delivered_twice = [i for i in acked if delivered[i] > 1]
             window = [i for p in producers for i, t in p.acked if killed_at - 1.0 <= t <= killed_at]
             released_after = sum(s.released for s in schedulers) - released_before
-            print(f"\nsentinel failover, delayed_wait_replicas={wait_replicas}: {len(acked)} acknowledged, "
+            print(f"\nsentinel failover, broker {broker}, delayed_wait_replicas={wait_replicas}: "
+                  f"{len(acked)} acknowledged, "
                   f"{len(lost)} lost, {len(twice)} ran twice, {len(delivered_twice)} delivered twice; "
                   f"promoted after {promoted_s:.1f} s; {sum(p.retries for p in producers)} producer retries "
                   f"({sum(p.unconfirmed for p in producers)} ReplicationTimeout); "
