@@ -131,6 +131,16 @@ def make_client(
     return redis.Redis.from_url(url, **{**dict(options or {}), **kwargs})
 
 
+def close_client(client: redis.Redis) -> None:
+    """Close a client made by :func:`make_client` (and its Sentinel connections, for a Sentinel URL)."""
+    try:
+        client.close()
+    finally:
+        manager = getattr(client.connection_pool, "sentinel_manager", None)
+        if manager is not None:
+            manager.close()
+
+
 def sentinel_client(url: str, options: dict[str, Any], kwargs: dict[str, Any]) -> redis.Redis:
     """A client of the master that the Sentinels of ``url`` name ``options["master_name"]``.
 

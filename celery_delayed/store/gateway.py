@@ -36,7 +36,7 @@ from ..errors import (
 from ..vocab import ETA_FALLBACK_LAST, ETA_FALLBACKS, Field, JobState, Reply
 from . import compact
 from .broker_layout import BrokerLayout, same_redis
-from .client import make_client, redact, translate_errors
+from .client import close_client, make_client, redact, translate_errors
 from .compact import Template
 from .keys import Keys, ShardKeys, index_part, parse_index_part, shard_for
 from .lane import Lanes
@@ -274,7 +274,7 @@ class Store:
     def close(self) -> None:
         """Close the client's connections (the store can be used again: they reopen)."""
         with contextlib.suppress(Exception):  # closing is best effort
-            self.client.close()
+            close_client(self.client)
 
     def now_ms(self) -> int:
         """The Redis server's clock, epoch ms."""
@@ -1102,5 +1102,5 @@ class WakeSubscription:
         try:
             self._pubsub.close()
         finally:
-            self._client.close()
+            close_client(self._client)
 
