@@ -11,6 +11,7 @@ Precedence for the options a task or a call may override, as Celery's own
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -198,10 +199,11 @@ def sentinel_hosts(url: str) -> list[tuple[str, int]]:
             port = p.port or 26379
         except ValueError as exc:
             raise ConfigurationError(f"bad Sentinel URL {_redact(part)!r} in delayed_redis_url: {exc}") from None
-        if p.scheme != "sentinel" or not p.hostname:
+        if p.scheme != "sentinel" or not p.hostname or not re.fullmatch(r"(/\d*)?", p.path):
             raise ConfigurationError(
                 f"bad Sentinel URL {_redact(part)!r} in delayed_redis_url: every part must be "
-                "sentinel://host:port, parts separated by ';' (e.g. sentinel://10.0.0.1:26379;sentinel://10.0.0.2:26379)")
+                "sentinel://host:port (or sentinel://:password@host:port/db), parts separated by ';' "
+                "(e.g. sentinel://10.0.0.1:26379;sentinel://10.0.0.2:26379)")
         hosts.append((p.hostname, port))
     return hosts
 

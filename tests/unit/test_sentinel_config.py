@@ -38,6 +38,7 @@ def test_a_sentinel_url_without_master_name_is_refused() -> None:
     "sentinel://h:26379;redis://h:6379",
     "sentinel://h:notaport",
     "sentinel://h:26379;;sentinel://g:26379",
+    "sentinel://h:26379/zero",
 ])
 def test_a_bad_sentinel_url_is_refused_with_what_to_write(bad: str) -> None:
     with pytest.raises(ConfigurationError, match=r"sentinel://host:port|bad Sentinel URL"):
