@@ -23,6 +23,7 @@ acknowledged is lost.
 from __future__ import annotations
 
 import collections
+import os
 import shutil
 import threading
 import time
@@ -153,14 +154,18 @@ def test_master_killed_under_load(redis_url, uid, rclient, wait_replicas, broker
             delivered_twice = [i for i in acked if delivered[i] > 1]
             window = [i for p in producers for i, t in p.acked if killed_at - 1.0 <= t <= killed_at]
             released_after = sum(s.released for s in schedulers) - released_before
-            print(f"\nsentinel failover, broker {broker}, delayed_wait_replicas={wait_replicas}: "
-                  f"{len(acked)} acknowledged, "
-                  f"{len(lost)} lost, {len(twice)} ran twice, {len(delivered_twice)} delivered twice; "
-                  f"promoted after {promoted_s:.1f} s; {sum(p.retries for p in producers)} producer retries "
-                  f"({sum(p.unconfirmed for p in producers)} ReplicationTimeout); "
-                  f"{len(window)} acknowledged in the last second before the kill; "
-                  f"{released_after} released after the kill; "
-                  f"{worker.output().count('without the ledger')} run without the ledger (store unavailable)")
+            line = (f"[faults] sentinel failover, broker {broker}, delayed_wait_replicas={wait_replicas}: "
+                    f"{len(acked)} acknowledged, "
+                    f"{len(lost)} lost, {len(twice)} ran twice, {len(delivered_twice)} delivered twice; "
+                    f"promoted after {promoted_s:.1f} s; {sum(p.retries for p in producers)} producer retries "
+                    f"({sum(p.unconfirmed for p in producers)} ReplicationTimeout); "
+                    f"{len(window)} acknowledged in the last second before the kill; "
+                    f"{released_after} released after the kill; "
+                    f"{worker.output().count('without the ledger')} run without the ledger (store unavailable)")
+            print("\n" + line)
+            if os.environ.get("FAULTS_REPORT"):
+                with open(os.environ["FAULTS_REPORT"], "a") as f:
+                    f.write(line + "\n")
             assert all(t.is_alive() for t in threads), "a scheduler died with the master"
             assert worker.proc.poll() is None, worker.output()[-3000:]
             assert released_after > 0
