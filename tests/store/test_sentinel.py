@@ -8,6 +8,7 @@ acknowledged writes wait for the replica, and say so when it does not answer.
 
 from __future__ import annotations
 
+import json
 import shutil
 import threading
 import time
@@ -16,7 +17,7 @@ from typing import Any
 
 import pytest
 import redis
-from support import WorkerProcess, make_app, need, ran, wait_for
+from support import WorkerProcess, make_app, need, ran, run_celery, wait_for
 from support.delivery import queue_keys, queued_ids
 
 from celery_delayed import (
@@ -171,6 +172,21 @@ def test_doctor_checks_the_replicas_against_wait_replicas(group, redis_url, uid,
     found = [f for f in store_findings(get_store(app)) if f.check == "replication"]
     assert [f.level for f in found] == [level], found
     assert "1 replica(s)" in found[0].message
+
+
+@pytest.mark.timeout(60)
+def test_status_says_where_the_store_is(group, redis_url, uid):
+    conf = {"delayed_redis_url": group.url, "delayed_redis_options": {"master_name": group.master_name},
+            "delayed_wait_replicas": 1}
+    out = run_celery(redis_url, f"t{uid}", f"q{uid}", "delayed", "status", store=redis_url, conf=conf)
+    assert out.returncode == 0, out.stderr
+    assert (f"store: Sentinel master 'delayedmaster' at 127.0.0.1:{group.master_port()}, 1 replica(s) online; "
+            "writes wait for 1") in out.stdout, out.stdout
+    out = run_celery(redis_url, f"t{uid}", f"q{uid}", "delayed", "status", "--json", store=redis_url, conf=conf)
+    assert json.loads(out.stdout)["replication"] == {
+        "sentinel": "delayedmaster", "master": f"127.0.0.1:{group.master_port()}", "replicas": 1, "wait_replicas": 1}
+    plain = run_celery(redis_url, f"t{uid}", f"q{uid}", "delayed", "status", store=redis_url)
+    assert "store:" not in plain.stdout  # a lone server without Sentinel: nothing to say
 
 
 @pytest.mark.timeout(60)
