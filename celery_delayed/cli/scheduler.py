@@ -86,14 +86,21 @@ def status(ctx: click.Context, as_json: bool) -> None:
         fallbacks = status.eta_fallbacks()
         # Live members only: a dead scheduler's entry stays until a heartbeat drops it.
         members = store.live_members()
-        warnings = ServerHealth(store).warnings()
+        health = ServerHealth(store)
+        warnings = health.warnings()
+        try:
+            replication = health.replication()
+            where = health.replication_line()
+        except Exception:  # INFO refused (an ACL user): said by the warnings
+            replication, where = None, ""
         mirror = _mirror_lag(store) if store.config.database_url else None
         paused = store.pauses()
         recurring = ScheduleRecords(store).all()
     scheds = {"count": len(recurring), "paused": sum(1 for r in recurring if r.paused)}
     if as_json:
         click.echo(json.dumps({"shards": rows, "schedulers": members, "warnings": warnings, "mirror": mirror,
-                               "eta_fallbacks": fallbacks.as_dict(), "paused": paused, "schedules": scheds}))
+                               "eta_fallbacks": fallbacks.as_dict(), "paused": paused, "schedules": scheds,
+                               "replication": replication}))
         return
     click.echo(f"{'shard':>5} {'pending':>9} {'overdue':>8} {'inflight':>8}  next due / oldest overdue")
     for r in rows:
@@ -105,6 +112,8 @@ def status(ctx: click.Context, as_json: bool) -> None:
     firsts = [r["next_due_ms"] for r in rows if r["next_due_ms"] is not None]
     click.echo(f"total: {total} pending, {overdue} overdue, next due {fmt_ms(min(firsts) if firsts else None)}, "
                f"{len(members)} scheduler(s) {' '.join(members)}")
+    if where:
+        click.echo(where)
     if mirror is not None:
         lag = mirror["lag_s"]
         click.echo(f"database mirror: {mirror['pending_changes']} change(s) not yet applied"

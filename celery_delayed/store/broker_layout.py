@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 from kombu.transport.redis import Channel as RedisChannel
 from kombu.transport.virtual.base import Channel as VirtualChannel
 
-from ..config import DelayedConfig, broker_url
+from ..config import DelayedConfig, broker_url, is_sentinel_url, sentinel_hosts
 from ..errors import InvalidOption
 
 
@@ -44,7 +44,15 @@ class Route:
 
 
 def same_redis(a: str, b: str) -> bool:
-    """Whether two Redis URLs name the same server and database."""
+    """Whether two Redis URLs name the same server and database.
+
+    Two ``sentinel://`` URLs do when they list the same Sentinels and
+    database (the caller compares the master names, which are options).
+    """
+    if is_sentinel_url(a) or is_sentinel_url(b):
+        if not (is_sentinel_url(a) and is_sentinel_url(b)):
+            return False
+        return set(sentinel_hosts(a)) == set(sentinel_hosts(b)) and _db(a.split(";")[0]) == _db(b.split(";")[0])
     pa, pb = urlsplit(a), urlsplit(b)
     if pa.scheme in ("unix", "socket") or pb.scheme in ("unix", "socket"):
         return pa.path == pb.path
@@ -60,6 +68,10 @@ def same_redis(a: str, b: str) -> bool:
         and (pa.port or 6379) == (pb.port or 6379)
         and db(pa) == db(pb)
     )
+
+
+def _db(url: str) -> str:
+    return (urlsplit(url).path or "/0").lstrip("/") or "0"
 
 
 @dataclass(frozen=True)
@@ -86,6 +98,8 @@ class BrokerLayout:
         if config.release_mode == "auto":
             broker = broker_url(app.conf)
             direct = bool(broker) and same_redis(broker, config.redis_url)
+            if direct and is_sentinel_url(broker):  # the same Sentinels: the same master group too?
+                direct = opts.get("master_name") == config.redis_options.get("master_name")
         else:
             direct = config.release_mode == "direct"
         return cls(

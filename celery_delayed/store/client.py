@@ -11,17 +11,20 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import redis
-from redis.backoff import ExponentialBackoff
+from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.exceptions import BusyLoadingError, OutOfMemoryError, ReadOnlyError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
+from redis.sentinel import MasterNotFoundError, Sentinel
 
+from ..config import is_sentinel_url, sentinel_hosts
 from ..errors import DelayedError, StoreFull, StoreUnavailable
 
 #: redis-py errors that mean "the store cannot be used right now".
@@ -29,11 +32,15 @@ UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, BusyLoadingError, ReadOn
 
 
 def redact(url: str) -> str:
-    """``url`` with its password replaced by ``***``."""
-    parts = urlsplit(url)
-    if parts.password:
-        return url.replace(f":{parts.password}@", ":***@")
-    return url
+    """``url`` with its password replaced by ``***`` (in each part of a ``sentinel://a;sentinel://b`` URL)."""
+    out = []
+    for part in url.split(";"):
+        try:
+            password = urlsplit(part).password
+        except ValueError:
+            password = None
+        out.append(part.replace(f":{password}@", ":***@") if password else part)
+    return ";".join(out)
 
 
 def translate(exc: Exception, url: str) -> DelayedError | None:
@@ -43,6 +50,14 @@ def translate(exc: Exception, url: str) -> DelayedError | None:
             f"the celery-delayed store at {redact(url)} is full (Redis maxmemory reached): nothing was "
             f"written ({exc}). Release or purge jobs (`delayed status`, `delayed dlq purge`), raise "
             "maxmemory, or move the store to a larger Redis; keep maxmemory-policy noeviction"
+        )
+    if isinstance(exc, MasterNotFoundError):  # redis-py's message lists every Sentinel client: say it short
+        why = sorted(set(re.findall(r" - [^ ]+?:(\w+)", str(exc))))
+        return StoreUnavailable(
+            f"cannot reach the celery-delayed store at {redact(url)}: no Sentinel named its master "
+            f"({', '.join(why) or str(exc).split(':')[0]}); nothing was written. Check that the Sentinels run "
+            "and monitor delayed_redis_options['master_name'], and their password (delayed_redis_options"
+            "['sentinel_kwargs'])"
         )
     if isinstance(exc, UNAVAILABLE):
         # Refused or timed out while connecting: the command never left. Lost while
@@ -91,8 +106,15 @@ def _wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def make_client(url: str, *, fail_fast: bool = False, health_check_interval: int = 30) -> redis.Redis:
+def make_client(
+    url: str, *, options: Mapping[str, Any] | None = None, fail_fast: bool = False, health_check_interval: int = 30,
+) -> redis.Redis:
     """A redis-py client for the store at ``url`` (replies decoded as str).
+
+    ``options`` (``delayed_redis_options``) go to the client's connections;
+    with a ``sentinel://`` URL, ``master_name``, ``sentinel_kwargs`` and
+    ``min_other_sentinels`` go to :class:`redis.sentinel.Sentinel` (see
+    :func:`sentinel_client`).
 
     ``fail_fast`` is for scheduler threads: redis-py's default retries a
     failed command several times with growing back-off; a scheduler does its
@@ -100,13 +122,55 @@ def make_client(url: str, *, fail_fast: bool = False, health_check_interval: int
     a command is retried once, quickly (to replace a connection that a Redis
     restart broke).
     """
-    if not fail_fast:
-        return redis.Redis.from_url(url, decode_responses=True, health_check_interval=health_check_interval)
-    return redis.Redis.from_url(
-        url,
-        decode_responses=True,
-        health_check_interval=health_check_interval,
-        socket_connect_timeout=2,
-        socket_timeout=10,
-        retry=Retry(ExponentialBackoff(cap=0.2, base=0.05), 1),
+    kwargs: dict[str, Any] = {"decode_responses": True, "health_check_interval": health_check_interval}
+    if fail_fast:
+        kwargs.update(socket_connect_timeout=2, socket_timeout=10,
+                      retry=Retry(ExponentialBackoff(cap=0.2, base=0.05), 1))
+    if is_sentinel_url(url):
+        return sentinel_client(url, dict(options or {}), kwargs)
+    return redis.Redis.from_url(url, **{**dict(options or {}), **kwargs})
+
+
+def close_client(client: redis.Redis) -> None:
+    """Close a client made by :func:`make_client` (and its Sentinel connections, for a Sentinel URL)."""
+    try:
+        client.close()
+    finally:
+        manager = getattr(client.connection_pool, "sentinel_manager", None)
+        if manager is not None:
+            manager.close()
+
+
+def sentinel_client(url: str, options: dict[str, Any], kwargs: dict[str, Any]) -> redis.Redis:
+    """A client of the master that the Sentinels of ``url`` name ``options["master_name"]``.
+
+    As kombu's ``SentinelChannel`` for the broker: the URL lists the
+    Sentinels (``sentinel://[user:password@]host:port[/db];sentinel://...``);
+    the first part's credentials and database are the master's; the
+    Sentinels' own (``password``, ``ssl`` ...) go in ``sentinel_kwargs``.
+    Every connection of the client's pool (the per-thread lanes and pub/sub
+    subscriptions included) asks the Sentinels for the master when it
+    connects, and drops itself when the server it reaches answers READONLY
+    (a demoted master): after a failover, the next command goes to the
+    promoted replica, without a restart.
+    """
+    first = urlsplit(url.split(";")[0].strip())
+    db = (first.path or "/0").lstrip("/") or "0"
+    conn: dict[str, Any] = {**options, **kwargs, "db": int(db) if db.isdigit() else 0}
+    master_name = conn.pop("master_name")
+    sentinel_kwargs = conn.pop("sentinel_kwargs", None)
+    min_other = int(conn.pop("min_other_sentinels", 0))
+    if first.username:
+        conn.setdefault("username", first.username)
+    if first.password:
+        conn.setdefault("password", first.password)
+    # One try per Sentinel and per discovery: the client asks the next Sentinel itself, and the
+    # command's own retries ask them all again (redis-py's default of 3 retries with back-off
+    # per Sentinel made one failed discovery take about 25 s with three Sentinels).
+    ask = {"socket_connect_timeout": 2, "socket_timeout": 5, "retry": Retry(NoBackoff(), 0)}
+    sentinels = Sentinel(  # type: ignore[no-untyped-call]
+        sentinel_hosts(url), min_other_sentinels=min_other, sentinel_kwargs={**ask, **(sentinel_kwargs or {})},
     )
+    client: redis.Redis = sentinels.master_for(  # type: ignore[no-untyped-call]
+        master_name, redis_class=redis.Redis, **conn)
+    return client

@@ -23,12 +23,20 @@ import redis
 from celery import Celery
 from redis.exceptions import NoScriptError, ResponseError
 
-from ..config import DelayedConfig, broker_url, get_config
-from ..errors import ConfigurationError, InvalidOption, InvalidState, JobNotFound, LeaseLost, raise_for
+from ..config import DelayedConfig, broker_url, get_config, is_sentinel_url
+from ..errors import (
+    ConfigurationError,
+    InvalidOption,
+    InvalidState,
+    JobNotFound,
+    LeaseLost,
+    ReplicationTimeout,
+    raise_for,
+)
 from ..vocab import ETA_FALLBACK_LAST, ETA_FALLBACKS, Field, JobState, Reply
 from . import compact
 from .broker_layout import BrokerLayout, same_redis
-from .client import make_client, translate_errors
+from .client import close_client, make_client, redact, translate_errors
 from .compact import Template
 from .keys import Keys, ShardKeys, index_part, parse_index_part, shard_for
 from .lane import Lanes
@@ -80,7 +88,8 @@ class Store:
         self.app = app
         self.config = config or get_config(app)
         self.url = self.config.redis_url
-        self.client: redis.Redis = client or make_client(self.url, fail_fast=fail_fast)
+        self.client: redis.Redis = client or make_client(
+            self.url, options=self.config.redis_options, fail_fast=fail_fast)
         self.keys = Keys(self.config.key_prefix)
         self.broker = BrokerLayout.from_app(app, self.config)
         self._layout_ok = False
@@ -125,17 +134,38 @@ class Store:
     def _run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Any:
         return script(self.client, keys, args)
 
-    def _run_many(self, script: Script, calls: Sequence[tuple[Sequence[str], Sequence[Arg]]]) -> list[Any]:
-        """Run one script several times in one round trip (a pipeline), loading it if needed."""
-        if len(calls) == 1:
+    def _run_acked(self, script: Script, keys: Sequence[str], args: Sequence[Arg], what: str) -> Any:
+        """Run a write the caller is told about: with ``delayed_wait_replicas``, wait for the replicas."""
+        if not self.config.wait_replicas:
+            return self._run(script, keys, args)
+        return self._run_many(script, [(keys, args)], wait=what)[0]
+
+    def _run_many(
+        self, script: Script, calls: Sequence[tuple[Sequence[str], Sequence[Arg]]], wait: str = "",
+    ) -> list[Any]:
+        """Run one script several times in one round trip (a pipeline), loading it if needed.
+
+        ``wait`` (what the calls do, for the error message): with
+        ``delayed_wait_replicas``, the pipeline ends with ``WAIT`` on the same
+        connection, so the reply comes once that many replicas have the writes
+        (:class:`~celery_delayed.errors.ReplicationTimeout` when they have
+        not within ``delayed_wait_replicas_timeout_ms``).
+        """
+        replicas = self.config.wait_replicas if wait else 0
+        if len(calls) == 1 and not replicas:
             return [self._run(script, *calls[0])]
         results: list[Any] = [None] * len(calls)
         todo = list(range(len(calls)))
+        waits: list[Any] = []  # the WAIT reply of each attempt that wrote something
         for _attempt in range(2):
             pipe = self.client.pipeline(transaction=False)
             for i in todo:
                 script.queue(pipe, *calls[i])
+            if replicas:
+                pipe.execute_command(  # type: ignore[no-untyped-call]
+                    "WAIT", replicas, self.config.wait_replicas_timeout_ms)
             replies = pipe.execute(raise_on_error=False)
+            waited = replies.pop() if replicas else None
             retry = []
             for i, reply in zip(todo, replies, strict=True):
                 if isinstance(reply, NoScriptError):
@@ -144,11 +174,27 @@ class Store:
                     raise reply
                 else:
                     results[i] = reply
+            if replicas and len(retry) < len(todo):
+                waits.append(waited)
             if not retry:
+                for waited in waits:
+                    self._check_replicas(waited, wait)
                 return results
             script.ensure_loaded(self.client)
             todo = retry
         raise RuntimeError(f"script {script.name} could not be loaded")
+
+    def _check_replicas(self, acked: Any, what: str) -> None:
+        if isinstance(acked, Exception):
+            raise acked
+        wanted, timeout = self.config.wait_replicas, self.config.wait_replicas_timeout_ms
+        if int(acked) < wanted:
+            raise ReplicationTimeout(
+                f"{what}: done on the master, but only {acked} of the {wanted} replicas of delayed_wait_replicas "
+                f"acknowledged it within {timeout} ms, so a failover now could lose it. Check the replicas "
+                "(INFO replication: connected_slaves, lag), raise delayed_wait_replicas_timeout_ms, or lower "
+                "delayed_wait_replicas; calling again with the same task_id is safe (the job is not doubled)",
+                int(acked), wanted)
 
     def check_layout(self) -> None:
         """Refuse a store created with other ``delayed_shards`` or ``delayed_bucket_ms``.
@@ -193,9 +239,22 @@ class Store:
         if self.config.release_mode != "direct":
             return
         broker = broker_url(self.app.conf)
-        if not broker or same_redis(broker, self.url):
+        if is_sentinel_url(broker):  # the same Sentinels, database and master name, or refused
+            theirs = (self.app.conf.broker_transport_options or {}).get("master_name")
+            same = same_redis(broker, self.url) and theirs == self.config.redis_options.get("master_name")
+            why = "" if same else "another Sentinel master (other Sentinels, database or master_name)"
+        elif not broker or same_redis(broker, self.url):
             return
-        why = ""
+        else:
+            why = self._other_server(broker)
+        if why:
+            raise ConfigurationError(
+                f"delayed_release_mode is 'direct', but the broker {redact(broker)!r} is {why} than "
+                f"the store's: the release script pushes onto the store server's lists, which no worker of this "
+                "broker reads. Use delayed_release_mode 'auto' or 'publish'")
+
+    def _other_server(self, broker: str) -> str:
+        """Why the Redis broker at ``broker`` is not the store's server and database ('' when it is)."""
         try:
             other = redis.Redis.from_url(broker, socket_connect_timeout=2, socket_timeout=5)
             try:
@@ -203,15 +262,9 @@ class Store:
             finally:
                 other.close()
             ours = self.client.info("server").get("run_id"), self.client.connection_pool.connection_kwargs.get("db", 0)
-            if theirs != ours:
-                why = "a different Redis server or database"
+            return "" if theirs == ours else "a different Redis server or database"
         except (ResponseError, ValueError) as exc:
-            why = f"not a Redis server this store can verify ({exc})"
-        if why:
-            raise ConfigurationError(
-                f"delayed_release_mode is 'direct', but the broker {broker_url(self.app.conf)!r} is {why} than "
-                f"the store's: the release script pushes onto the store server's lists, which no worker of this "
-                "broker reads. Use delayed_release_mode 'auto' or 'publish'")
+            return f"not a Redis server this store can verify ({exc})"
 
     def layout(self) -> dict[str, str]:
         """The ``shards`` and ``bucket_ms`` recorded when the store was created (empty: none yet); reads only."""
@@ -242,7 +295,7 @@ class Store:
     def close(self) -> None:
         """Close the client's connections (the store can be used again: they reopen)."""
         with contextlib.suppress(Exception):  # closing is best effort
-            self.client.close()
+            close_client(self.client)
 
     def _now(self, now_ms: int | None) -> str:
         """ARGV[1] of every script: an explicit time, the test clock (:attr:`clock`), or '' for the server's."""
@@ -302,7 +355,8 @@ class Store:
                     args += [job.id, job.due, *(job.fields.get(f, "") for f in own)]
             calls.append((keys, args))
             order.append((shard, idx))
-        replies = self._run_many(self.scripts.schedule, calls)
+        what = f"scheduling {len(jobs)} job{'s' if len(jobs) != 1 else ''}"
+        replies = self._run_many(self.scripts.schedule, calls, wait=what)
         for n, reply in enumerate(replies):
             tmpl = compact[n]
             if tmpl is None:
@@ -312,7 +366,7 @@ class Store:
                 keys, args = calls[n]
                 at = 6 + 2 * int(args[5])
                 args = [*args[:5], int(args[5]) + 1, *args[6:at], "~tpl", tmpl.text, *args[at:]]
-                replies[n] = self._run(self.scripts.schedule, keys, args)
+                replies[n] = self._run_acked(self.scripts.schedule, keys, args, what)
             self._templates_sent.add((shard, tmpl.tid))
         out: list[Scheduled | None] = [None] * len(jobs)
         for (shard, idx), reply in zip(order, replies, strict=True):
@@ -349,8 +403,9 @@ class Store:
         send_tpl = tmpl is not None and (shard, tmpl.tid) not in self._templates_sent
         for _ in range(2):
             extra = ["~tpl", tmpl.text] if send_tpl and tmpl is not None else []
-            reply = self._run(self.scripts.schedule_keyed, keys,
-                              [*head, (len(pairs) + len(extra)) // 2, *pairs, *extra])
+            reply = self._run_acked(self.scripts.schedule_keyed, keys,
+                                    [*head, (len(pairs) + len(extra)) // 2, *pairs, *extra],
+                                    f"scheduling job {job.id!r} ({mode} key {key!r})")
             if reply != ["!tpl"]:
                 break
             send_tpl = True  # the server has not got the template (first use, or it was lost)
@@ -476,10 +531,10 @@ class Store:
         """
         s = self.locate(job_id, shard)
         sk = self.keys.shard(s)
-        code, state = self._run(
+        code, state = self._run_acked(
             self.scripts.cancel, [sk.due, sk.buckets, sk.inflight, sk.job(job_id), sk.released, sk.changes],
             [self._now(now_ms), job_id, self.config.bucket_ms, self.config.record_ttl_ms, "1" if running else "",
-             self.logs_changes],
+             self.logs_changes], f"cancelling job {job_id!r}",
         )
         raise_for(code, job_id, state, "cancel")
         return str(state)
@@ -493,10 +548,10 @@ class Store:
         """
         s = self.locate(job_id, shard)
         sk = self.keys.shard(s)
-        code, state, new_due = self._run(
+        code, state, new_due = self._run_acked(
             self.scripts.reschedule, [sk.due, sk.buckets, sk.next, sk.job(job_id), sk.changes],
             [self._now(now_ms), job_id, due, self.config.bucket_ms, self.keys.wake, s, self.logs_changes,
-             self.config.record_ttl_ms],
+             self.config.record_ttl_ms], f"rescheduling job {job_id!r}",
         )
         raise_for(code, job_id, state, "reschedule")
         return int(new_due)
@@ -668,7 +723,8 @@ class Store:
 
     def subscribe_wake(self) -> WakeSubscription:
         """A new subscription to the wake channel (its own connection; see :class:`WakeSubscription`)."""
-        return WakeSubscription(make_client(self.url, fail_fast=True), self.keys.wake)
+        return WakeSubscription(
+            make_client(self.url, options=self.config.redis_options, fail_fast=True), self.keys.wake)
 
     # -- worker side: the execution ledger ----------------------------------------------
 
@@ -1113,5 +1169,5 @@ class WakeSubscription:
         try:
             self._pubsub.close()
         finally:
-            self._client.close()
+            close_client(self._client)
 

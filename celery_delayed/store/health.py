@@ -33,6 +33,33 @@ class ServerHealth:
         info.update(self.store.client.info("persistence"))
         return info
 
+    def replicas(self) -> int:
+        """How many replicas of the store's server are online (``INFO replication``)."""
+        info = self.store.client.info("replication")
+        return sum(1 for k, v in info.items()
+                   if k.startswith("slave") and isinstance(v, dict) and v.get("state") == "online")
+
+    def replication(self) -> dict[str, Any]:
+        """Where the store is: ``sentinel`` (the master name, or None), ``master`` ("host:port" for a
+        Sentinel store: the one the Sentinels name now), ``replicas`` online, ``wait_replicas``."""
+        pool = self.store.client.connection_pool
+        name = self.store.config.redis_options.get("master_name") if hasattr(pool, "get_master_address") else None
+        master = None
+        if name is not None:
+            host, port = pool.get_master_address()  # type: ignore[attr-defined]
+            master = f"{host}:{port}"
+        return {"sentinel": name, "master": master, "replicas": self.replicas(),
+                "wait_replicas": self.store.config.wait_replicas}
+
+    def replication_line(self) -> str:
+        """One line for ``delayed status`` ('' for a lone server without Sentinel or ``delayed_wait_replicas``)."""
+        r = self.replication()
+        if r["sentinel"] is None and not r["replicas"] and not r["wait_replicas"]:
+            return ""
+        where = f"Sentinel master {r['sentinel']!r} at {r['master']}" if r["sentinel"] else "the store's server"
+        wait = f"; writes wait for {r['wait_replicas']}" if r["wait_replicas"] else "; replicated asynchronously"
+        return f"store: {where}, {r['replicas']} replica(s) online{wait}"
+
     def warnings(self) -> list[str]:
         """One line per problem found, each saying what to do; empty when all is well.
 

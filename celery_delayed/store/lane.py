@@ -110,6 +110,10 @@ class Lane:
             conn = self.client.connection_pool.make_connection()
             # A health check would read a pending reply as its PONG: the lane reconnects on errors instead.
             conn.health_check_interval = 0  # type: ignore[attr-defined]
+            # Connect now, through connect(): a Sentinel-managed connection asks the
+            # Sentinels for the master there (redis-py's send_command would connect
+            # to its default host instead).
+            conn.connect()  # type: ignore[no-untyped-call]
             self.conn = conn
         return self.conn
 

@@ -30,14 +30,15 @@ PREFIX = os.environ.get("E2E_PREFIX", "e2e")
 QUEUE = os.environ.get("E2E_QUEUE", "celery")
 
 app = Celery("e2e_app", broker=BROKER)
-app.conf.update(
-    delayed_redis_url=STORE,
-    delayed_key_prefix=PREFIX,
-    task_default_queue=QUEUE,
-    broker_connection_retry_on_startup=True,
-    worker_hijack_root_logger=False,
+app.conf.update({
+    "delayed_redis_url": STORE,
+    "delayed_key_prefix": PREFIX,
+    "task_default_queue": QUEUE,
+    "broker_connection_retry_on_startup": True,
+    "worker_hijack_root_logger": False,
+    # E2E_CONF may set any of the above too (a Sentinel store: delayed_redis_url; E2E_REDIS keeps the run log).
     **json.loads(os.environ.get("E2E_CONF", "{}")),
-)
+})
 
 _client: redis.Redis | None = None
 
