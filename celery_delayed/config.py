@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from celery import Celery
 
@@ -91,6 +91,9 @@ def _num(x: float) -> str:
 SETTINGS: tuple[Setting, ...] = (
     Setting("redis_url", str, None, "Redis holding the store (`redis://`, `rediss://` or `unix://`). Required when "
             "the broker is not Redis.", nullable=True),
+    Setting("redis_cluster", bool, False, "`delayed_redis_url` names any node of a Redis Cluster (db 0): the "
+            "store uses redis-py's cluster client, its shards spread over every master, and release takes the "
+            "publish path (see Redis Cluster)"),
     Setting("key_prefix", str, "delayed", "prefix of every store key (no braces, `\\|` or spaces)"),
     Setting("shards", int, 16, "number of shards; a job's shard is `crc32(shard_key or job id) % shards`",
             lo=1, hi=16384),
@@ -188,6 +191,18 @@ def _redis_url(conf: Any, value: str | None) -> str:
     return value
 
 
+def _redis_cluster(conf: Any, value: bool) -> bool:
+    """A cluster has one database: refuse a store URL that names another."""
+    if value:
+        parts = urlsplit(conf.get("delayed_redis_url") or broker_url(conf))
+        db = parts.path.strip("/") or parse_qs(parts.query).get("db", ["0"])[0]
+        if db not in ("", "0"):
+            raise ConfigurationError(
+                f"delayed_redis_cluster is set, but delayed_redis_url names database {db!r}: a Redis Cluster "
+                "has database 0 only (use /0 or no database in the URL)")
+    return value
+
+
 def _key_prefix(conf: Any, value: str) -> str:
     if not value or any(c in value for c in "{}| \t\r\n"):
         raise ConfigurationError(f"delayed_key_prefix must be non-empty without braces, '|' or spaces, got {value!r}")
@@ -207,6 +222,7 @@ def _non_empty(name: str) -> Callable[[Any, str | None], str | None]:
 _EXTRA_CHECKS: dict[str, Callable[[Any, Any], Any]] = {
     "redis_url": _redis_url,
     "key_prefix": _key_prefix,
+    "redis_cluster": _redis_cluster,
     "dlq_queue": _non_empty("dlq_queue"),
     "dlq_task": _non_empty("dlq_task"),
     "database_url": _non_empty("database_url"),
@@ -218,6 +234,7 @@ class DelayedConfig:
     """The validated ``delayed_*`` settings of one app (see :data:`SETTINGS`)."""
 
     redis_url: str
+    redis_cluster: bool
     key_prefix: str
     shards: int
     bucket_ms: int

@@ -80,7 +80,8 @@ class Store:
         self.app = app
         self.config = config or get_config(app)
         self.url = self.config.redis_url
-        self.client: redis.Redis = client or make_client(self.url, fail_fast=fail_fast)
+        self.client: redis.Redis = client or make_client(
+            self.url, fail_fast=fail_fast, cluster=self.config.redis_cluster)
         self.keys = Keys(self.config.key_prefix)
         self.broker = BrokerLayout.from_app(app, self.config)
         self._layout_ok = False
@@ -578,14 +579,31 @@ class Store:
                     "scheduler of one store must use the same delayed_lease_ms (stop the others first to change it)"
                 )
 
-    def rebalance(self, owner: str, now_ms: int | None = None) -> dict[int, str]:
-        """Hand the shards out over the live schedulers (``rebalance.lua``); return ``owner``'s shards and fences."""
-        n = self.config.shards
-        keys = [self.keys.schedulers]
-        keys += [self.keys.shard(s).lease for s in range(n)]
-        keys += [self.keys.shard(s).fence for s in range(n)]
-        reply = self._run(self.scripts.rebalance, keys, [_now(now_ms), owner])
-        return {int(reply[i]): str(reply[i + 1]) for i in range(0, len(reply), 2)}
+    def hold_shards(
+        self, owner: str, take: Iterable[int], give: Iterable[int] = (), now_ms: int | None = None,
+    ) -> tuple[dict[int, str], dict[int, int]]:
+        """Take or keep the leases of shards ``take``, give up those of ``give`` (``shard_lease.lua``, one per shard).
+
+        One script call per shard (one slot each: this runs on Redis Cluster),
+        all in one round trip. A shard another live lease holds is not taken.
+
+        Returns ({shard: fence} of the ``take`` shards the caller holds now,
+        {shard: ms until its holder's lease runs out} of the others).
+        """
+        wanted, dropped = sorted(set(take)), sorted(set(give) - set(take))
+        calls: list[tuple[Sequence[str], Sequence[Arg]]] = []
+        for shard, ms in [(s, self.config.lease_ms) for s in wanted] + [(s, 0) for s in dropped]:
+            sk = self.keys.shard(shard)
+            calls.append(([sk.lease, sk.fence, sk.lease_until], [_now(now_ms), owner, ms]))
+        held: dict[int, str] = {}
+        waits: dict[int, int] = {}
+        replies = self._run_many(self.scripts.shard_lease, calls) if calls else []
+        for shard, (code, fence, wait) in zip(wanted, replies, strict=False):
+            if int(code) == Reply.OK:
+                held[shard] = str(fence)
+            else:
+                waits[shard] = int(wait)
+        return held, waits
 
     def member_deadlines(self) -> list[tuple[str, float]]:
         """Every scheduler's membership deadline, epoch ms (expired ones included until a heartbeat drops them)."""
@@ -604,7 +622,8 @@ class Store:
 
     def subscribe_wake(self) -> WakeSubscription:
         """A new subscription to the wake channel (its own connection; see :class:`WakeSubscription`)."""
-        return WakeSubscription(make_client(self.url, fail_fast=True), self.keys.wake)
+        return WakeSubscription(make_client(self.url, fail_fast=True, cluster=self.config.redis_cluster),
+                                self.keys.wake)
 
     # -- worker side: the execution ledger ----------------------------------------------
 
