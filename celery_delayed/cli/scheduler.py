@@ -88,9 +88,12 @@ def status(ctx: click.Context, as_json: bool) -> None:
         warnings = ServerHealth(store).warnings()
         mirror = _mirror_lag(store) if store.config.database_url else None
         paused = store.pauses()
+    path, why = store.release_path
     if as_json:
         click.echo(json.dumps({"shards": rows, "schedulers": members, "warnings": warnings, "mirror": mirror,
-                               "eta_fallbacks": fallbacks.as_dict(), "paused": paused}))
+                               "eta_fallbacks": fallbacks.as_dict(), "paused": paused,
+                               "release_path": path, "release_path_reason": why,
+                               "cluster": store.config.redis_cluster}))
         return
     click.echo(f"{'shard':>5} {'pending':>9} {'overdue':>8} {'inflight':>8}  next due / oldest overdue")
     for r in rows:
@@ -101,7 +104,8 @@ def status(ctx: click.Context, as_json: bool) -> None:
     overdue = sum(r["overdue"] for r in rows)
     firsts = [r["next_due_ms"] for r in rows if r["next_due_ms"] is not None]
     click.echo(f"total: {total} pending, {overdue} overdue, next due {fmt_ms(min(firsts) if firsts else None)}, "
-               f"{len(members)} scheduler(s) {' '.join(members)}")
+               f"{len(members)} scheduler(s) {' '.join(members)}".rstrip()
+               + f"; release path: {path} ({why})")
     if mirror is not None:
         lag = mirror["lag_s"]
         click.echo(f"database mirror: {mirror['pending_changes']} change(s) not yet applied"

@@ -118,6 +118,18 @@ class Store:
         """True on the direct release path (the broker is Redis on the store's server)."""
         return self.broker.direct
 
+    @property
+    def release_path(self) -> tuple[str, str]:
+        """("direct" or "publish", why): the release path this store's scheduler takes (``delayed status``)."""
+        mode = self.config.release_mode
+        if self.config.redis_cluster:
+            return "publish", "the store is a Redis Cluster: kombu cannot read queues from one"
+        if self.direct:
+            return "direct", ("the broker is Redis on the store's server" if mode == "auto"
+                              else "delayed_release_mode = 'direct'")
+        return "publish", ("the broker is not the store's Redis" if mode == "auto"
+                           else "delayed_release_mode = 'publish'")
+
     # -- plumbing ----------------------------------------------------------------
 
     def _run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Any:

@@ -39,7 +39,8 @@ of a key they are given: ``lua/includes/ops.lua``)
 and, outside any shard::
 
     {prefix}:schedulers                ZSET   scheduler owner token -> membership deadline
-    {{prefix}:schedulers}:settings     HASH   scheduler owner token -> the settings every
+    {prefix}:{{prefix}:schedulers}:settings
+                                       HASH   scheduler owner token -> the settings every
                                               scheduler must share ("lease_ms=30000")
     {prefix}:layout                    HASH   shards, bucket_ms: fixed when the store is created
     {prefix}:{reconcile}               STRING "<owner>|<fence>": the scheduler running the
@@ -84,9 +85,10 @@ class Keys:
         """The settings of each running scheduler (checked by a new one before it joins).
 
         Its hash tag is the whole name of :attr:`schedulers`, so both are in one
-        Redis Cluster slot (``heartbeat.lua`` writes them together).
+        Redis Cluster slot (``heartbeat.lua`` writes them together); it starts
+        with the prefix, so an ACL key pattern ``~<prefix>:*`` covers it.
         """
-        return f"{{{self.prefix}:schedulers}}:settings"
+        return f"{self.prefix}:{{{self.prefix}:schedulers}}:settings"
 
     @property
     def layout(self) -> str:

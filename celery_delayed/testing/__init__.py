@@ -5,6 +5,6 @@
 
 from __future__ import annotations
 
-from .servers import RedisServer, ensure_redis_server, free_port
+from .servers import RedisClusterServers, RedisServer, ensure_redis_server, free_port
 
-__all__ = ["RedisServer", "ensure_redis_server", "free_port"]
+__all__ = ["RedisClusterServers", "RedisServer", "ensure_redis_server", "free_port"]

@@ -1,0 +1,171 @@
+"""The store on a three-master Redis Cluster (issue 13): one slot per script, shards over every
+master, release on the publish path to a plain Redis broker, scans that visit every master.
+
+The broker is the session's private plain redis-server; the store is the cluster.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import time
+
+import pytest
+from celery import Celery
+from redis.cluster import RedisCluster
+from support import SchedulerProcess, WorkerProcess, make_app, run_celery, wait_for
+
+from celery_delayed import apply_later, apply_later_many, cancel, dlq, get_store, reschedule
+from celery_delayed.errors import ConfigurationError, StoreUnavailable
+from celery_delayed.scheduler import Scheduler
+from celery_delayed.store import Store
+
+pytestmark = pytest.mark.e2e
+
+
+def capp(broker: str, store: str, uid: str, **conf: object) -> Celery:
+    return make_app(broker, uid, delayed_redis_url=store, delayed_redis_cluster=True, **conf)
+
+
+def runs(client: RedisCluster, prefix: str) -> collections.Counter[str]:
+    return collections.Counter(str(x).split("|")[0] for x in client.lrange(f"{prefix}:ran", 0, -1))
+
+
+def start(broker: str, store: str, app: Celery, workers: list, schedulers: int = 1,
+          conf: dict | None = None) -> WorkerProcess:
+    prefix, queue = app.conf.delayed_key_prefix, app.conf.task_default_queue
+    conf = {"delayed_redis_cluster": True, "delayed_lease_ms": 2000, **(conf or {})}
+    w = WorkerProcess(broker, prefix, queue, store=store, conf=conf, concurrency=4, pool="threads")
+    workers.append(w)
+    for _ in range(schedulers):
+        workers.append(SchedulerProcess(broker, prefix, queue, store=store, conf=conf))
+    w.wait_ready()
+    return w
+
+
+@pytest.mark.timeout(30)
+def test_settings(redis_url, cluster_url, uid):
+    with pytest.raises(ConfigurationError, match="database 0 only"):
+        get_store(capp(redis_url, cluster_url.replace("/0", "/2"), uid))
+    with pytest.raises(ConfigurationError, match="Redis Cluster"):
+        get_store(capp(redis_url, cluster_url, uid, delayed_release_mode="direct"))
+    store = get_store(capp(redis_url, cluster_url, uid))
+    assert store.release_path[0] == "publish" and not store.direct
+    # A store URL without a database is fine too.
+    assert get_store(capp(redis_url, cluster_url.removesuffix("/0"), uid + "b")).now_ms() > 0
+
+
+@pytest.mark.timeout(30)
+def test_every_fleet_wide_key_pair_shares_a_slot_and_shards_spread_over_every_master(redis_url, cluster_url, uid,
+                                                                                     cclient):
+    store = get_store(capp(redis_url, cluster_url, uid, delayed_shards=16))
+    k = store.keys
+    assert cclient.keyslot(k.schedulers) == cclient.keyslot(k.scheduler_settings)
+    assert cclient.keyslot(k.reconcile_lease) == cclient.keyslot(k.reconcile_lease + ":fence")
+    masters = set()
+    for s in range(16):
+        sk = k.shard(s)
+        slots = {cclient.keyslot(key) for key in (sk.due, sk.lease, sk.fence, sk.lease_until, sk.job("x"),
+                                                   sk.stats, sk.paused, sk.index("3:abc:q"), sk.template("t"))}
+        assert len(slots) == 1, s
+        masters.add(cclient.get_node_from_key(sk.due).name)
+    assert len(masters) == 3, "16 shards should land on all three masters"
+
+
+@pytest.mark.timeout(120)
+def test_schedule_release_cancel_reschedule_on_the_publish_path(redis_url, cluster_url, uid, workers, cclient):
+    app = capp(redis_url, cluster_url, uid, delayed_shards=16)
+    prefix = app.conf.delayed_key_prefix
+    w = start(redis_url, cluster_url, app, workers)
+    n = 300
+    ids = [h.id for h in apply_later_many(app, "e2e.plain", [{"args": (i,), "when": 3.0 + 2.0 * i / n}
+                                                             for i in range(n)], strict=False)]
+    marked = [apply_later(app, "e2e.mark", when=1.5, strict=False).id for _ in range(20)]
+    store = get_store(app)
+    keys = {store.shard_of("", f"k{j}"): f"k{j}" for j in range(200)}
+    far = [apply_later(app, "e2e.mark", when=3600, shard_key=keys[s], strict=False).id for s in range(16)]
+    cancelled = ids[-20:]
+    for i in cancelled:
+        assert cancel(app, i) == "SCHEDULED"  # the state it had
+    later = ids[n // 2:n // 2 + 10]
+    for i in later:
+        reschedule(app, i, 5.0)
+    # status over every master: the jobs are counted from every shard; the release path is said
+    res = run_celery(redis_url, prefix, app.conf.task_default_queue, "delayed", "status", "--json",
+                     store=cluster_url, conf={"delayed_redis_cluster": True})
+    assert res.returncode == 0, res.stderr
+    status = json.loads(res.stdout)
+    assert status["release_path"] == "publish" and status["cluster"] is True
+    pending = {r["shard"]: r["pending"] for r in status["shards"]}
+    assert set(pending) == set(range(16)) and all(v >= 1 for v in pending.values()), pending  # the far jobs
+    for i in far:
+        cancel(app, i)
+    want = set(ids) - set(cancelled) | set(marked)
+    wait_for(lambda: set(runs(cclient, prefix)) >= want, 60, interval=0.2, what=f"{len(want)} runs")
+    time.sleep(0.5)
+    counts = runs(cclient, prefix)
+    assert set(counts) == want, "a cancelled job ran" if set(counts) - want else "a job was lost"
+    assert max(counts.values()) == 1, [k for k, v in counts.items() if v > 1][:5]
+    for i in later:  # rescheduled: released after the new time
+        rec = store.get(i)
+        assert int(rec["released"]) >= int(rec["due"]) - store.config.lookahead_ms
+    w.stop()
+
+
+@pytest.mark.timeout(120)
+def test_retries_and_the_dead_letter_queue(redis_url, cluster_url, uid, workers, cclient):
+    conf = {"imports": ["retry_tasks"], "delayed_backoff": "fixed", "delayed_backoff_base_s": 0.3}
+    app = capp(redis_url, cluster_url, uid, **conf)
+    prefix = app.conf.delayed_key_prefix
+    start(redis_url, cluster_url, app, workers, conf=conf)
+    flaky = [apply_later(app, "rt.flaky", args=(2,), when=0.2, strict=False).id for _ in range(6)]
+    doomed = [apply_later(app, "rt.doomed", args=(i,), when=0.2, strict=False).id for i in range(6)]
+    wait_for(lambda: dlq.count(app) == len(doomed), 60, interval=0.2, what="the dead letters")
+    wait_for(lambda: all(runs(cclient, prefix)[i] == 3 for i in flaky), 60, interval=0.2, what="the retries")
+    counts = runs(cclient, prefix)
+    assert all(counts[i] == 2 for i in doomed), {i: counts[i] for i in doomed}  # max_attempts=2
+    # The DLQ listing visits every master.
+    assert {d.id for d in dlq.list_dead(app, limit=100)} == set(doomed)
+    assert dlq.purge(app) == len(doomed)
+    assert dlq.count(app) == 0
+
+
+@pytest.mark.timeout(180)
+def test_two_racing_schedulers_release_each_job_once(redis_url, cluster_url, uid, workers, cclient):
+    app = capp(redis_url, cluster_url, uid, delayed_shards=16)
+    prefix = app.conf.delayed_key_prefix
+    w = start(redis_url, cluster_url, app, workers, schedulers=2)
+    n = 3000
+    ids: list[str] = []
+    for k in range(0, n, 1000):
+        ids += [h.id for h in apply_later_many(
+            app, "e2e.plain", [{"args": (i,), "when": 1.0 + 4.0 * i / n} for i in range(k, k + 1000)],
+            strict=False)]
+    wait_for(lambda: len(runs(cclient, prefix)) >= n, 90, interval=0.2, what=f"{n} runs")
+    time.sleep(1.0)
+    w.stop()
+    counts = runs(cclient, prefix)
+    assert set(counts) == set(ids), f"{len(set(ids) - set(counts))} lost"
+    dup = [k for k, v in counts.items() if v > 1]
+    assert not dup, f"{len(dup)} ran twice"
+    snap_owners = {get_store(app).client.get(get_store(app).keys.shard(s).lease) for s in range(16)}
+    assert len({o.rpartition("|")[0] for o in snap_owners if o}) == 2, "both schedulers held shards"
+
+
+@pytest.mark.timeout(60)
+def test_in_process_scheduler_and_a_cluster_that_is_down(redis_url, cluster_url, uid):
+    app = capp(redis_url, cluster_url, uid, delayed_shards=4)
+    store = get_store(app)
+    h = apply_later(app, "e2e.mark", when=0.0, strict=False)
+    sched = Scheduler(app)
+    try:
+        sched.preflight()
+        sched._heartbeat()
+        assert sorted(sched.shards) == [0, 1, 2, 3]
+        assert sched.release_due() == 1
+        assert store.get(h.id)["st"] == "QUEUED"
+    finally:
+        sched._shutdown()
+    # Nothing listening there: the typed error, not a redis-py one.
+    with pytest.raises(StoreUnavailable):
+        Store(capp(redis_url, "redis://127.0.0.1:1/0", uid + "x"))
