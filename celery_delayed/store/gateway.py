@@ -80,13 +80,13 @@ class Store:
         self.app = app
         self.config = config or get_config(app)
         self.url = self.config.redis_url
-        self.client: redis.Redis = client or make_client(
-            self.url, fail_fast=fail_fast, cluster=self.config.redis_cluster)
+        self._fail_fast = fail_fast
+        self._client: redis.Redis | None = client
         self.keys = Keys(self.config.key_prefix)
         self.broker = BrokerLayout.from_app(app, self.config)
         self._layout_ok = False
         self._scripts: Scripts | None = None
-        self._lanes = Lanes(self.client)
+        self._lanes_of: Lanes | None = None
         #: (shard, template id) this store sent to the server (compact records)
         self._templates_sent: set[tuple[int, str]] = set()
         #: templates read back from the server, by id (a template never changes: its id is its digest)
@@ -117,6 +117,23 @@ class Store:
     def direct(self) -> bool:
         """True on the direct release path (the broker is Redis on the store's server)."""
         return self.broker.direct
+
+    @property
+    def client(self) -> redis.Redis:
+        """The redis-py client, made on first use (a cluster client reads the slot map then).
+
+        Raises:
+            StoreUnavailable: on Redis Cluster, no node could be reached (tried again on the next use).
+        """
+        if self._client is None:
+            self._client = make_client(self.url, fail_fast=self._fail_fast, cluster=self.config.redis_cluster)
+        return self._client
+
+    @property
+    def _lanes(self) -> Lanes:
+        if self._lanes_of is None:
+            self._lanes_of = Lanes(self.client)
+        return self._lanes_of
 
     @property
     def release_path(self) -> tuple[str, str]:
@@ -233,8 +250,12 @@ class Store:
 
     def close(self) -> None:
         """Close the client's connections (the store can be used again: they reopen)."""
+        if self._client is None:
+            return
         with contextlib.suppress(Exception):  # closing is best effort
-            self.client.close()
+            self._client.close()
+        if self.config.redis_cluster:  # a cluster client is made anew (with a fresh slot map)
+            self._client = self._lanes_of = None
 
     def now_ms(self) -> int:
         """The Redis server's clock, epoch ms."""

@@ -221,9 +221,14 @@ class RedisClusterServers:
 
     @staticmethod
     def _ok(port: int, cli: str) -> bool:
+        """The node serves every slot and, if it is a replica, has synced with its master."""
         out = subprocess.run([cli, "-p", str(port), "cluster", "info"], capture_output=True, text=True,
                              timeout=10).stdout
-        return "cluster_state:ok" in out and "cluster_slots_assigned:16384" in out
+        if "cluster_state:ok" not in out or "cluster_slots_assigned:16384" not in out:
+            return False
+        repl = subprocess.run([cli, "-p", str(port), "info", "replication"], capture_output=True, text=True,
+                              timeout=10).stdout
+        return "role:slave" not in repl or "master_link_status:up" in repl
 
     def close(self) -> None:
         """Stop every node and remove its folder."""

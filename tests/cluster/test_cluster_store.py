@@ -11,6 +11,7 @@ import json
 import time
 
 import pytest
+import redis
 from celery import Celery
 from redis.cluster import RedisCluster
 from support import SchedulerProcess, WorkerProcess, make_app, run_celery, wait_for
@@ -19,6 +20,7 @@ from celery_delayed import apply_later, apply_later_many, cancel, dlq, get_store
 from celery_delayed.errors import ConfigurationError, StoreUnavailable
 from celery_delayed.scheduler import Scheduler
 from celery_delayed.store import Store
+from celery_delayed.store.health import ServerHealth
 
 pytestmark = pytest.mark.e2e
 
@@ -166,6 +168,26 @@ def test_in_process_scheduler_and_a_cluster_that_is_down(redis_url, cluster_url,
         assert store.get(h.id)["st"] == "QUEUED"
     finally:
         sched._shutdown()
-    # Nothing listening there: the typed error, not a redis-py one.
+    # Nothing listening there: the typed error, not a redis-py one (on first use: a scheduler
+    # made while the cluster is down starts and retries).
+    down = Store(capp(redis_url, "redis://127.0.0.1:1/0", uid + "x"))
     with pytest.raises(StoreUnavailable):
-        Store(capp(redis_url, "redis://127.0.0.1:1/0", uid + "x"))
+        down.now_ms()
+    with pytest.raises(StoreUnavailable):
+        apply_later(capp(redis_url, "redis://127.0.0.1:1/0", uid + "y"), "e2e.mark", when=5, strict=False)
+
+
+@pytest.mark.timeout(30)
+def test_server_checks_ask_every_master(redis_url, cluster_url, uid, redis_cluster):
+    store = get_store(capp(redis_url, cluster_url, uid))
+    health = ServerHealth(store)
+    assert len(health.per_master()) == 3
+    assert health.warnings() == []
+    last = redis.Redis(port=redis_cluster.nodes[2].port)
+    old = last.config_get("maxmemory-policy")["maxmemory-policy"]
+    last.config_set("maxmemory-policy", "allkeys-lru")
+    try:
+        assert any("allkeys-lru" in w for w in health.warnings())
+    finally:
+        last.config_set("maxmemory-policy", old)
+        last.close()
