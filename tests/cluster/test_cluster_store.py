@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import json
+import threading
 import time
 
 import pytest
@@ -98,6 +99,11 @@ def test_schedule_release_cancel_reschedule_on_the_publish_path(redis_url, clust
     assert res.returncode == 0, res.stderr
     status = json.loads(res.stdout)
     assert status["release_path"] == "publish" and status["cluster"] is True
+    listed = run_celery(redis_url, prefix, app.conf.task_default_queue, "delayed", "list", "--json", "--limit",
+                        "1000", store=cluster_url, conf={"delayed_redis_cluster": True})
+    assert listed.returncode == 0, listed.stderr
+    got = {json.loads(line)["id"] for line in listed.stdout.splitlines() if line.strip()}
+    assert set(far) <= got, "delayed list missed a master's jobs"
     pending = {r["shard"]: r["pending"] for r in status["shards"]}
     assert set(pending) == set(range(16)) and all(v >= 1 for v in pending.values()), pending  # the far jobs
     for i in far:
@@ -191,3 +197,23 @@ def test_server_checks_ask_every_master(redis_url, cluster_url, uid, redis_clust
     finally:
         last.config_set("maxmemory-policy", old)
         last.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_job_due_sooner_wakes_the_sleeping_scheduler_through_cluster_pubsub(redis_url, cluster_url, uid):
+    app = capp(redis_url, cluster_url, uid, delayed_shards=4, delayed_lookahead_ms=0, delayed_lease_ms=40_000)
+    store = get_store(app)
+    apply_later(app, "e2e.mark", when=3600, strict=False)
+    sched = Scheduler(app)  # asleep toward the far job: up to 10 s between heartbeats
+    thread = threading.Thread(target=sched.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: sched.ready.is_set() and sched.listening, 15, what="the scheduler to listen")
+        time.sleep(0.5)
+        h = apply_later(app, "e2e.mark", when=1.0, strict=False)
+        wait_for(lambda: store.get(h.id)["st"] == "QUEUED", 5, interval=0.02, what="the wake-up")
+        rec = store.get(h.id)
+        assert int(rec["released"]) - int(rec["due"]) < 1000
+    finally:
+        sched.stop()
+        thread.join(10)
