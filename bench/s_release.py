@@ -62,7 +62,7 @@ def _fill(store: Store, app: Any, n: int, u: str, due_of: Any, pad: str = _PAD, 
         jobs = []
         for i in range(start, min(n, start + chunk)):
             jid = f"{u}-{i}"
-            jobs.append(NewJob(jid, store.shard_of(jid), due_of(i), base.fields, base.common))
+            jobs.append(NewJob(jid, store.shard_of(jid), due_of(i), base.fields, base.common, base.template))
         store.schedule(jobs)
 
     t0 = time.perf_counter()
