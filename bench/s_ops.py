@@ -76,7 +76,7 @@ def _fill(store: Store, app: Any, n: int, u: str, due_of: Any, calls: list[tuple
         for i in range(start, min(n, start + chunk)):
             jid = f"{u}-{i}"
             base = bases[i % len(bases)]
-            jobs.append(NewJob(jid, store.shard_of(jid), due_of(i), base.fields, base.common))
+            jobs.append(NewJob(jid, store.shard_of(jid), due_of(i), base.fields, base.common, base.template))
         store.schedule(jobs)
 
     t0 = time.perf_counter()

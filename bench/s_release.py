@@ -83,7 +83,8 @@ def release(ctx: Ctx) -> None:
     client = ctx.client()
     now_ms = store.now_ms()
     fill_s = _fill(store, app, n, u, lambda i: str(now_ms - 1000))
-    size = len(client.hget(store.keys.shard(store.shard_of(f"{u}-0")).job(f"{u}-0"), "msg") or b"")
+    # the message each job's release pushes (a compact record renders it from its template)
+    size = len((store.messages([(store.shard_of(f"{u}-0"), f"{u}-0")])[0] or "").encode())
     ctx.add(S3, "celery-delayed (fill via Store.schedule)", "schedule rate", n / fill_s, "jobs/s",
             note=f"message {size} B, 2 threads, chunks of 20,000")
     with procs() as ps:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import timedelta
 from typing import Any
 
 from celery import Celery
@@ -17,14 +18,19 @@ from .announce import shared as shared_announcer
 from .cancellation import cancel_job
 from .errors import ConfigurationError, DuplicateJob, InvalidOption
 from .producer.jobs import PlainCalls, Prepared, job_id_for_key, lookup_task, prepare, refuse_taken
+from .producer.keyed import KeyedSpec, keyed_spec
 from .producer.message import task_defaults
 from .result import DelayedResult
 from .store import NewJob, get_store
+from .store.compact import fast_uuid4
 from .timeutil import due_spec, from_ms
 from .vocab import Field, JobState
 
 __all__ = ["apply_later", "apply_later_many", "cancel", "cancel_by_key", "job_id_for_key", "lookup", "reschedule"]
 
+
+#: apply_later's debounce and throttle arguments (apply_later_many does not take them).
+_KEYED_ARGS = frozenset({"debounce_key", "max_wait", "throttle_key", "window"})
 
 #: How often a call tries the next generation of an idempotency key whose job another call cancels meanwhile.
 _GENERATION_TRIES = 5
@@ -90,6 +96,10 @@ def apply_later(
     idempotency_key: str | None = None,
     strict: bool = True,
     connection: Any = None,
+    debounce_key: str | None = None,
+    max_wait: float | timedelta | None = None,
+    throttle_key: str | None = None,
+    window: float | timedelta | None = None,
     **options: Any,
 ) -> DelayedResult:
     """Schedule task ``name`` to be sent to its queue at ``when`` (like ``send_task``).
@@ -112,6 +122,14 @@ def apply_later(
             is written in its transaction and indexed in Redis once it
             commits (rolled back: the job never existed). See
             :mod:`celery_delayed.sql.outbox`.
+        debounce_key: while this key's job waits, a call replaces its
+            arguments and options and moves it to this call's ``when``
+            (keeping its id; ``created`` False), but never later than
+            ``max_wait`` (seconds or a timedelta) after the key's first call.
+            Once it is released, the next call creates a new job.
+        throttle_key: at most one job per key per ``window`` (seconds or a
+            timedelta), counted from the call that created it; a call within
+            the window returns that job (``created`` False) and changes nothing.
         **options: Celery's ``apply_async`` options: queue, routing_key,
             exchange, priority, expires, headers, serializer, ...; and
             ``max_lateness`` (seconds) with ``misfire`` ("run", "skip" or
@@ -124,12 +142,33 @@ def apply_later(
         UnknownTask: bad input; nothing is stored.
         DuplicateJob: ``task_id`` is taken.
         StoreUnavailable: Redis cannot be reached; nothing is stored.
+        ConfigurationError: a debounce or throttle key with
+            ``delayed_database_url`` (not supported).
     """
     task = lookup_task(app, name, strict)
     opts = (task_defaults(task) if task is not None else {}) | options
+    spec = keyed_spec(debounce_key, max_wait, throttle_key, window, task_id=task_id,
+                      idempotency_key=idempotency_key, connection=connection,
+                      database=bool(get_store(app).config.database_url))
+    if spec is not None:
+        return _apply_keyed(app, name, args, kwargs, when, spec, shard_key, task, opts)
     p = prepare(app, name, args, kwargs, when, task_id=task_id, shard_key=shard_key,
                 idempotency_key=idempotency_key, task_type=task, options=opts)
     return store_prepared(app, [p], connection)[0]
+
+
+def _apply_keyed(app: Celery, name: str, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None,
+                 when: object, spec: KeyedSpec, shard_key: str | int | None, task: Any,
+                 opts: Mapping[str, Any]) -> DelayedResult:
+    """``apply_later`` with a debounce or throttle key: one script on the key's shard."""
+    p = prepare(app, name, args, kwargs, when, task_id=fast_uuid4(),
+                shard_key=spec.key if shard_key is None else shard_key, task_type=task, options=opts)
+    store = get_store(app)
+    res = store.schedule_keyed(p.job, spec.mode, spec.key, spec.limit_ms)
+    if res.created and app.conf.task_send_sent_event:
+        _announce_scheduled(app, [p], [res])
+    # (a throttled call whose job's record is gone gets due 0: the handle then reads it when asked)
+    return DelayedResult(res.id, store=store, shard=res.shard, due_ms=res.due_ms or None, created=res.created)
 
 
 def apply_later_many(
@@ -158,6 +197,10 @@ def apply_later_many(
                 prepared.append(fast)
                 continue
         c = dict(call)
+        if _KEYED_ARGS.intersection(c):
+            raise InvalidOption(
+                f"apply_later_many does not take {sorted(_KEYED_ARGS.intersection(c))}: a debounced or "
+                "throttled call decides on the key's job one at a time; call apply_later for it")
         p = prepare(
             app, name, c.pop("args", None), c.pop("kwargs", None), c.pop("when", 0),
             task_id=c.pop("task_id", None), shard_key=c.pop("shard_key", None),

@@ -312,6 +312,17 @@ def get_config(app: Celery) -> DelayedConfig:
     return cfg
 
 
+def set_config(app: Celery, config: DelayedConfig | None) -> DelayedConfig | None:
+    """Make ``config`` the app's config (None: read the settings again on next use); return the one
+    it had (the testing kit installs its own, then puts the old one back)."""
+    previous: DelayedConfig | None = app.__dict__.get(_ATTR)
+    if config is None:
+        app.__dict__.pop(_ATTR, None)
+    else:
+        setattr(app, _ATTR, config)
+    return previous
+
+
 def resolve(call: Any, task: Any, attr: str, config: DelayedConfig, setting: str | None = None) -> Any:
     """One option's value: call option > task attribute ``attr`` > setting > default.
 

@@ -20,7 +20,10 @@ Importing ``celery_delayed`` changes nothing. Two explicit seams:
   messages released from the store (:mod:`celery_delayed.worker.tracking`:
   a plain task's start and finish are recorded, a cancelled one is skipped),
   and applies a guarded workaround for a kombu 5.7 crash in worker processes
-  (:mod:`celery_delayed.worker.kombu_fixes`).
+  (:mod:`celery_delayed.worker.kombu_fixes`), restores held messages a lost
+  broker connection could not (:mod:`celery_delayed.worker.held_restore`) and
+  fires held ETA messages without kombu's one-second pause after ten
+  (:mod:`celery_delayed.worker.timer_fix`).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from celery import Celery, signals
 from celery._state import connect_on_app_finalize
 
 from .cancellation import install_revoke
-from .worker import bootstep, control, eta, held_restore, intercept, kombu_fixes, tracking
+from .worker import bootstep, control, eta, held_restore, intercept, kombu_fixes, timer_fix, tracking
 
 _ATTR = "_celery_delayed_installed"
 _registered = False
@@ -65,4 +68,5 @@ def register_with_celery() -> None:
     signals.worker_init.connect(kombu_fixes.on_worker_init, weak=False)
     signals.worker_init.connect(tracking.on_worker_init, weak=False)
     signals.worker_init.connect(held_restore.on_worker_init, weak=False)
+    signals.worker_init.connect(timer_fix.on_worker_init, weak=False)
     signals.celeryd_after_setup.connect(kombu_fixes.on_worker_setup, weak=False)

@@ -135,7 +135,8 @@ def check_options(options: Mapping[str, Any]) -> None:
         hints.append("give the due time as when=")
     raise InvalidOption(
         f"apply_later got unknown option(s) {sorted(unknown)}; it accepts when=, args=, "
-        f"kwargs=, task_id=, shard_key=, idempotency_key=, strict=, max_lateness=, misfire= "
+        f"kwargs=, task_id=, shard_key=, idempotency_key=, strict=, max_lateness=, misfire=, "
+        f"debounce_key= with max_wait=, throttle_key= with window= "
         f"and {sorted(MESSAGE_OPTIONS)}"
         + (f" ({'; '.join(hints)})" if hints else "")
     )

@@ -270,7 +270,9 @@ def template_for(
     if exp is not None and not isinstance(exp, str) and isinstance(exp, (int, float)):
         return None  # relative expiry: computed from the clock at every call
     try:
-        key: tuple[Any, ...] = (name, id(task_type), os.getpid(), app.thread_oid, max_bytes)
+        # the store's prefix is in every message's headers (the testing kit gives an app a store of its own)
+        key: tuple[Any, ...] = (name, id(task_type), os.getpid(), app.thread_oid, max_bytes,
+                                get_config(app).key_prefix)
         if options or headers:
             key += (tuple(sorted(options.items())), tuple(sorted(headers.items())))
         cache: dict[Any, Template | None] = app.__dict__.setdefault(_ATTR, {})

@@ -39,6 +39,7 @@ __all__ = [
     "Store",
     "WakeSubscription",
     "get_store",
+    "set_store",
     "shard_for",
 ]
 
@@ -62,3 +63,14 @@ def get_store(app: Celery, prefix: str | None = None) -> Store:
     if prefix not in others:
         others[prefix] = Store(app, dataclasses.replace(store.config, key_prefix=prefix))
     return others[prefix]
+
+
+def set_store(app: Celery, store: Store | None) -> Store | None:
+    """Make ``store`` the app's store (None: forget it, the next :func:`get_store` makes one);
+    return the one it had (the testing kit installs its own, then puts the old one back)."""
+    previous: Store | None = app.__dict__.get(_STORE_ATTR)
+    if store is None:
+        app.__dict__.pop(_STORE_ATTR, None)
+    else:
+        setattr(app, _STORE_ATTR, store)
+    return previous

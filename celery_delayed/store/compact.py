@@ -34,6 +34,7 @@ comma that precedes the embedded options): the JSON a worker decodes is the same
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import json
 import os
@@ -58,18 +59,18 @@ class Template:
     tail64: str  # base64 of the body's tail
     route: tuple[tuple[str, str], ...]  # (field, value) of ROUTE_FIELDS, non-empty ones
 
-    @property
+    @functools.cached_property
     def text(self) -> str:
         """The JSON stored in Redis."""
         return json.dumps({"v": 1, "p": list(self.parts), "o": list(self.order), "t": self.tail64,
                            "r": dict(self.route)}, separators=(",", ":"), ensure_ascii=False)
 
-    @property
+    @functools.cached_property
     def tid(self) -> str:
         """The template's id: a digest of its text (a changed template is another template)."""
         return hashlib.sha1(self.text.encode("utf-8")).hexdigest()[:16]
 
-    @property
+    @functools.cached_property
     def fields(self) -> dict[str, str]:
         """The routing fields of its jobs (task, q, ex, rk, and lk or bx/ps)."""
         return dict(self.route)

@@ -91,6 +91,9 @@ class Store:
         self._templates_sent: set[tuple[int, str]] = set()
         #: templates read back from the server, by id (a template never changes: its id is its digest)
         self._templates: dict[str, Template] = {}
+        #: A test clock (epoch ms) that every script takes as its "now" instead of the Redis
+        #: server's (``celery_delayed.testing``); None in production.
+        self.clock: Callable[[], int] | None = None
 
     @property
     def scripts(self) -> Scripts:
@@ -248,6 +251,24 @@ class Store:
         """The shard a job lives in: ``crc32(shard_key or job_id) % delayed_shards``."""
         return shard_for(shard_key or job_id, self.config.shards)
 
+    def drop_everything(self) -> int:
+        """Delete every key under this store's prefix; return how many (the testing kit's clean-up).
+
+        It SCANs the whole server: for a test's own prefix, never a production store.
+        """
+        n = 0
+        escaped = "".join("\\" + c if c in "*?[]\\" else c for c in self.config.key_prefix)
+        for pattern in (f"{escaped}:*",):
+            batch: list[Any] = []
+            for key in self.client.scan_iter(match=pattern, count=1000):
+                batch.append(key)
+                if len(batch) >= 500:
+                    n += int(self.client.unlink(*batch))
+                    batch = []
+            if batch:
+                n += int(self.client.unlink(*batch))
+        return n
+
     def close(self) -> None:
         """Close the client's connections (the store can be used again: they reopen)."""
         if self._client is None:
@@ -257,8 +278,16 @@ class Store:
         if self.config.redis_cluster:  # a cluster client is made anew (with a fresh slot map)
             self._client = self._lanes_of = None
 
+    def _now(self, now_ms: int | None) -> str:
+        """ARGV[1] of every script: an explicit time, the test clock (:attr:`clock`), or '' for the server's."""
+        if now_ms is None and self.clock is not None:
+            return str(self.clock())
+        return _now(now_ms)
+
     def now_ms(self) -> int:
-        """The Redis server's clock, epoch ms."""
+        """The store's clock, epoch ms: the Redis server's (or the test clock, :attr:`clock`)."""
+        if self.clock is not None:
+            return self.clock()
         sec, usec = self.client.time()
         return int(sec) * 1000 + int(usec) // 1000
 
@@ -296,7 +325,7 @@ class Store:
             present = set().union(*(jobs[i].fields.keys() for i in idx))
             own = [f for f in NEW_JOB_FIELDS
                    if f in present and f not in common and any(jobs[i].fields.get(f) for i in idx)]
-            args: list[Arg] = [_now(now_ms), sk.job_prefix, self.config.bucket_ms, self.keys.wake, shard,
+            args: list[Arg] = [self._now(now_ms), sk.job_prefix, self.config.bucket_ms, self.keys.wake, shard,
                                len(shared) // 2, *shared, len(own), *own]
             if own == ["msg"]:
                 for i in idx:
@@ -328,6 +357,41 @@ class Store:
                     state, due, gen = [*entry.split("|"), "", ""][:3]
                     out[i] = Scheduled(jobs[i].id, shard, int(float(due or 0)), False, state, int(gen or 0))
         return [s for s in out if s is not None]
+
+    def schedule_keyed(
+        self, job: NewJob, mode: str, key: str, limit_ms: int | None, now_ms: int | None = None,
+    ) -> Scheduled:
+        """Store ``job`` under a debounce or throttle key (``schedule_keyed.lua``), atomically.
+
+        ``mode`` "debounce": a job of ``key`` still waiting is replaced by this
+        one (its id kept), due no later than ``limit_ms`` (max_wait, None: no
+        limit) after the key's first call. ``mode`` "throttle": a job of
+        ``key`` created within the last ``limit_ms`` (the window) is returned
+        as it is. Returns the key's job; ``created`` is True when a new one
+        was created (then with ``job.id``).
+        """
+        self.check_layout()
+        shard = job.shard
+        sk = self.keys.shard(shard)
+        keys = [sk.due, sk.buckets, sk.next, sk.keyed(mode, key)]
+        pairs: list[str] = [x for f in NEW_JOB_FIELDS if job.fields.get(f) for x in (f, job.fields[f])]
+        tmpl = job.template
+        if tmpl is not None:
+            keys.append(sk.template(tmpl.tid))
+        head: list[Arg] = [self._now(now_ms), sk.job_prefix, self.config.bucket_ms, self.keys.wake, shard, mode,
+                           "" if limit_ms is None else limit_ms, self.config.record_ttl_ms, job.id, job.due]
+        send_tpl = tmpl is not None and (shard, tmpl.tid) not in self._templates_sent
+        for _ in range(2):
+            extra = ["~tpl", tmpl.text] if send_tpl and tmpl is not None else []
+            reply = self._run(self.scripts.schedule_keyed, keys,
+                              [*head, (len(pairs) + len(extra)) // 2, *pairs, *extra])
+            if reply != ["!tpl"]:
+                break
+            send_tpl = True  # the server has not got the template (first use, or it was lost)
+        if tmpl is not None:
+            self._templates_sent.add((shard, tmpl.tid))
+        created, job_id, state, due = reply
+        return Scheduled(str(job_id), shard, int(float(due)), bool(int(created)), str(state))
 
     def states(self, jobs: Sequence[NewJob]) -> list[str | None]:
         """The state of each job's record (None: there is none), in one round trip."""
@@ -448,7 +512,7 @@ class Store:
         sk = self.keys.shard(s)
         code, state = self._run(
             self.scripts.cancel, [sk.due, sk.buckets, sk.inflight, sk.job(job_id), sk.released, sk.changes],
-            [_now(now_ms), job_id, self.config.bucket_ms, self.config.record_ttl_ms, "1" if running else "",
+            [self._now(now_ms), job_id, self.config.bucket_ms, self.config.record_ttl_ms, "1" if running else "",
              self.logs_changes],
         )
         raise_for(code, job_id, state, "cancel")
@@ -465,7 +529,7 @@ class Store:
         sk = self.keys.shard(s)
         code, state, new_due = self._run(
             self.scripts.reschedule, [sk.due, sk.buckets, sk.next, sk.job(job_id), sk.changes],
-            [_now(now_ms), job_id, due, self.config.bucket_ms, self.keys.wake, s, self.logs_changes,
+            [self._now(now_ms), job_id, due, self.config.bucket_ms, self.keys.wake, s, self.logs_changes,
              self.config.record_ttl_ms],
         )
         raise_for(code, job_id, state, "reschedule")
@@ -491,7 +555,7 @@ class Store:
         cfg, broker = self.config, self.broker
         reply = self._run(
             self.scripts.release_due, [sk.due, sk.buckets, sk.next, sk.lease, sk.dlq, sk.released, sk.changes],
-            [_now(now_ms), sk.job_prefix, limit or cfg.batch_size, cfg.bucket_ms, owner, fence,
+            [self._now(now_ms), sk.job_prefix, limit or cfg.batch_size, cfg.bucket_ms, owner, fence,
              cfg.record_ttl_ms, broker.global_keyprefix, broker.deadletter_queue, cfg.dlq_max_age_s * 1000,
              cfg.dlq_max_len_per_shard, self.logs_changes, lookahead_ms],
         )
@@ -519,7 +583,7 @@ class Store:
         cfg = self.config
         reply = self._run(
             self.scripts.claim_due, [sk.due, sk.buckets, sk.next, sk.lease, sk.inflight, sk.dlq, sk.changes],
-            [_now(now_ms), sk.job_prefix, limit or cfg.batch_size, cfg.bucket_ms, owner, fence,
+            [self._now(now_ms), sk.job_prefix, limit or cfg.batch_size, cfg.bucket_ms, owner, fence,
              cfg.claim_lease_ms, cfg.record_ttl_ms, cfg.dlq_max_age_s * 1000, cfg.dlq_max_len_per_shard,
              self.logs_changes, lookahead_ms],
         )
@@ -548,7 +612,7 @@ class Store:
         sk = self.keys.shard(shard)
         return int(self._run(
             self.scripts.ack_claimed, [sk.inflight, sk.released, sk.changes],
-            [_now(now_ms), sk.job_prefix, self.config.record_ttl_ms, self.logs_changes, *ids],
+            [self._now(now_ms), sk.job_prefix, self.config.record_ttl_ms, self.logs_changes, *ids],
         ))
 
     def refuse_claimed(
@@ -568,7 +632,7 @@ class Store:
         sk = self.keys.shard(shard)
         reply = self._run(
             self.scripts.refuse_claimed, [sk.due, sk.buckets, sk.next, sk.inflight, sk.dlq, sk.changes],
-            [_now(now_ms), sk.job_prefix, cfg.bucket_ms, self.keys.wake, shard, cfg.publish_max_refusals,
+            [self._now(now_ms), sk.job_prefix, cfg.bucket_ms, self.keys.wake, shard, cfg.publish_max_refusals,
              _REFUSED_DELAY_MS, cfg.claim_lease_ms, cfg.dlq_max_age_s * 1000, cfg.dlq_max_len_per_shard,
              self.logs_changes,
              *(x for job_id, why, counts in refused for x in (job_id, why, "1" if counts else ""))],
@@ -585,7 +649,7 @@ class Store:
         """Renew (or give up) ``owner``'s membership (``heartbeat.lua``); return (now ms, live members)."""
         reply = self._run(
             self.scripts.heartbeat, [self.keys.schedulers, self.keys.scheduler_settings],
-            [_now(now_ms), owner, self.config.lease_ms, "1" if leave else "", self.fleet_settings()],
+            [self._now(now_ms), owner, self.config.lease_ms, "1" if leave else "", self.fleet_settings()],
         )
         return int(reply[0]), [str(m) for m in reply[1:]]
 
@@ -627,7 +691,7 @@ class Store:
         calls: list[tuple[Sequence[str], Sequence[Arg]]] = []
         for shard, ms in [(s, self.config.lease_ms) for s in wanted] + [(s, 0) for s in dropped]:
             sk = self.keys.shard(shard)
-            calls.append(([sk.lease, sk.fence, sk.lease_until], [_now(now_ms), owner, ms]))
+            calls.append(([sk.lease, sk.fence, sk.lease_until], [self._now(now_ms), owner, ms]))
         held: dict[int, str] = {}
         waits: dict[int, int] = {}
         replies = self._run_many(self.scripts.shard_lease, calls) if calls else []
@@ -671,7 +735,8 @@ class Store:
         sk = self.keys.shard(shard)
         code, state, attempt, until, why = self._lanes.get().call(
             self.scripts.start, [sk.job(job_id), sk.released, sk.changes],
-            [_now(now_ms), owner, self.config.exec_lease_ms, hostname, generation or "", job_id, self.logs_changes],
+            [self._now(now_ms), owner, self.config.exec_lease_ms, hostname, generation or "", job_id,
+             self.logs_changes],
         )
         return Started(Reply(int(code)), str(state), int(attempt), int(until), str(why))
 
@@ -685,7 +750,7 @@ class Store:
         not redelivered while its lease is alive.
         """
         keys = [self.keys.shard(shard).job(job_id)]
-        args: list[Arg] = [_now(now_ms), owner, self.config.exec_lease_ms]
+        args: list[Arg] = [self._now(now_ms), owner, self.config.exec_lease_ms]
         if self.broker.unacked_index and delivery_tag:
             keys.append(self.broker.unacked_index)
             args += [delivery_tag, repr(time.time())]  # kombu scores with the worker's own clock
@@ -731,7 +796,7 @@ class Store:
         cfg = self.config
         sk = self.keys.shard(shard)
         return ([sk.job(job_id), sk.changes],
-                [_now(now_ms), owner, outcome, cfg.done_ttl_s * 1000, cfg.idempotency_ttl_s * 1000, reason, job_id,
+                [self._now(now_ms), owner, outcome, cfg.done_ttl_s * 1000, cfg.idempotency_ttl_s * 1000, reason, job_id,
                  self.logs_changes])
 
     # -- failures and the dead-letter queue ------------------------------------------------
@@ -748,8 +813,8 @@ class Store:
         sk = self.keys.shard(shard)
         code, state, due_ms = self._run(
             self.scripts.retry, [sk.due, sk.buckets, sk.next, sk.inflight, sk.job(job_id), sk.released, sk.changes],
-            [_now(now_ms), job_id, due, self.config.bucket_ms, self.keys.wake, shard, retries,
-             _now(started_ms), owner, self.logs_changes, *_flatten(fields)],
+            [self._now(now_ms), job_id, due, self.config.bucket_ms, self.keys.wake, shard, retries,
+             self._now(started_ms), owner, self.logs_changes, *_flatten(fields)],
         )
         return Outcome(Reply(int(code)), str(state), due_ms=int(due_ms))
 
@@ -761,7 +826,7 @@ class Store:
         sk = self.keys.shard(shard)
         code, state = self._run(
             self.scripts.fail, [sk.inflight, sk.job(job_id), sk.released, sk.changes],
-            [_now(now_ms), job_id, self.config.record_ttl_ms, _now(started_ms), owner, self.logs_changes,
+            [self._now(now_ms), job_id, self.config.record_ttl_ms, self._now(started_ms), owner, self.logs_changes,
              *_flatten(fields)],
         )
         return Outcome(Reply(int(code)), str(state))
@@ -775,8 +840,8 @@ class Store:
         sk = self.keys.shard(shard)
         code, state, dropped = self._run(
             self.scripts.dead, [sk.job(job_id), sk.dlq, sk.inflight, sk.released, sk.changes],
-            [_now(now_ms), job_id, sk.job_prefix, cfg.dlq_max_age_s * 1000, cfg.dlq_max_len_per_shard,
-             _now(started_ms), owner, self.logs_changes, *_flatten(fields)],
+            [self._now(now_ms), job_id, sk.job_prefix, cfg.dlq_max_age_s * 1000, cfg.dlq_max_len_per_shard,
+             self._now(started_ms), owner, self.logs_changes, *_flatten(fields)],
         )
         return Outcome(Reply(int(code)), str(state), dropped=int(dropped))
 
@@ -791,7 +856,7 @@ class Store:
         sk = self.keys.shard(shard)
         reply = self._run(
             self.scripts.requeue, [sk.due, sk.buckets, sk.next, sk.dlq, sk.changes],
-            [_now(now_ms), sk.job_prefix, due, self.config.bucket_ms, self.keys.wake, shard, self.logs_changes,
+            [self._now(now_ms), sk.job_prefix, due, self.config.bucket_ms, self.keys.wake, shard, self.logs_changes,
              *ids],
         )
         rest = reply[1:]
@@ -836,7 +901,7 @@ class Store:
             keys += [b.unacked_hash, b.unacked_index]
         reply = self._run(
             self.scripts.rerelease, keys,
-            [_now(now_ms), sk.job_prefix, "direct" if b.direct else "publish", max_copies, b.global_keyprefix,
+            [self._now(now_ms), sk.job_prefix, "direct" if b.direct else "publish", max_copies, b.global_keyprefix,
              b.deadletter_queue, self.config.key_prefix, self.config.bucket_ms, self.keys.wake, shard,
              self.logs_changes, int(self.config.requeue_after_s * 1000), *ids],
         )
@@ -931,7 +996,7 @@ class Store:
         what = f"{task}|{' '.join(reason.split())}"[:500]
         return int(self._run(
             self.scripts.note_fallback, [self.keys.shard(shard).stats],
-            [_now(now_ms), ETA_FALLBACKS, ETA_FALLBACK_LAST, what],
+            [self._now(now_ms), ETA_FALLBACKS, ETA_FALLBACK_LAST, what],
         ))
 
     # -- operators' controls (pause, resume, promote, cancel matching) ------------------------
@@ -939,7 +1004,7 @@ class Store:
     def _pause_call(self, shard: int, now_ms: int | None, args: Sequence[Arg]) -> tuple[list[str], list[Arg]]:
         sk = self.keys.shard(shard)
         return ([sk.paused, sk.held, sk.due, sk.buckets, sk.next],
-                [_now(now_ms), sk.job_prefix, self.config.bucket_ms, self.keys.wake, shard, *args])
+                [self._now(now_ms), sk.job_prefix, self.config.bucket_ms, self.keys.wake, shard, *args])
 
     def pause(self, flags: Sequence[str], now_ms: int | None = None) -> None:
         """Set pause flags on every shard (``pause.lua``): ``all``, ``task:<name>``, ``queue:<name>``."""
@@ -991,7 +1056,7 @@ class Store:
         sk = self.keys.shard(s)
         _n, now, state = self._run(
             self.scripts.promote, [sk.due, sk.buckets, sk.next, *self._change_log(sk)],
-            [_now(now_ms), sk.job_prefix, self.config.bucket_ms, self.keys.wake, s, 1, "ids", job_id],
+            [self._now(now_ms), sk.job_prefix, self.config.bucket_ms, self.keys.wake, s, 1, "ids", job_id],
         )
         if not state:
             raise JobNotFound(job_id)
@@ -1014,7 +1079,8 @@ class Store:
             while parts:
                 n = int(self._run(
                     self.scripts.promote, [sk.due, sk.buckets, sk.next, *self._change_log(sk)],
-                    [_now(now_ms), sk.job_prefix, self.config.bucket_ms, self.keys.wake, s, batch, "index", *parts],
+                    [self._now(now_ms), sk.job_prefix, self.config.bucket_ms, self.keys.wake, s, batch, "index",
+                     *parts],
                 )[0])
                 total += n
                 if n < batch:
@@ -1041,7 +1107,7 @@ class Store:
             while parts:
                 ids = [str(i) for i in self._run(
                     self.scripts.cancel_matching, [sk.due, sk.buckets, *self._change_log(sk)],
-                    [_now(now_ms), sk.job_prefix, self.config.bucket_ms, self.config.record_ttl_ms, lo, hi, batch,
+                    [self._now(now_ms), sk.job_prefix, self.config.bucket_ms, self.config.record_ttl_ms, lo, hi, batch,
                      *parts],
                 )]
                 out += ids

@@ -32,6 +32,10 @@ so a script that touches one shard touches one slot::
     {prefix}:{<s>}:paused              HASH   pause flags ("all", "task:<name>", "queue:<name>")
                                               -> since (epoch ms)
     {prefix}:{<s>}:held                ZSET   due jobs a pause holds back: id -> due
+    {prefix}:{<s>}:debounce:<key>      HASH   id, first: the job of a debounce key and when the
+                                              key's first call came (``schedule_keyed.lua``)
+    {prefix}:{<s>}:throttle:<key>      HASH   id, first: the job of a throttle key; expires
+                                              with its window
 
 (the scripts derive the last five from the shard's base, ``{prefix}:{<s>}:``,
 of a key they are given: ``lua/includes/ops.lua``)
@@ -182,6 +186,10 @@ class ShardKeys:
     def index(self, part: str) -> str:
         """The pending index of one ``index_part(task, queue)``."""
         return f"{self.base}:ix:{part}"
+
+    def keyed(self, mode: str, key: str) -> str:
+        """The entry of a debounce or throttle key (``mode``: "debounce" or "throttle")."""
+        return f"{self.base}:{mode}:{key}"
 
 
 def index_part(task: str, queue: str) -> str:

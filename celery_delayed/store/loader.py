@@ -97,6 +97,7 @@ class Scripts:
     def __init__(self, flags: bool = False) -> None:
         # scheduling and job operations
         self.schedule = Script("schedule", flags)
+        self.schedule_keyed = Script("schedule_keyed", flags)
         self.cancel = Script("cancel", flags)
         self.reschedule = Script("reschedule", flags)
         # release (scheduler side)

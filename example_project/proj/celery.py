@@ -22,7 +22,7 @@ from celery import Celery
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 
-app = Celery("proj", broker=REDIS_URL, include=["proj.tasks"])
+app = Celery("proj", broker=REDIS_URL, include=["proj.tasks", "proj.trials"])
 app.conf.update(
     delayed_key_prefix=os.environ.get("DELAYED_KEY_PREFIX", "proj"),
     task_default_queue=os.environ.get("CELERY_QUEUE", "proj"),

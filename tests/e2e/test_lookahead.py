@@ -75,3 +75,25 @@ def test_released_early_runs_on_time_never_early_and_a_cancel_still_wins(redis_u
         assert rec["st"] == "SUCCEEDED"
     wait_for(lambda: "Discarding cancelled job" in w.output(), 10, what="the cancelled one skipped")
     assert victim.id not in runs
+
+
+@pytest.mark.timeout(120)
+def test_a_burst_held_by_a_solo_worker_starts_promptly(redis_url, uid, rclient, workers):
+    """300 jobs released ahead of one due instant, held by a ``-P solo`` worker: kombu's loop alone would
+    fire ten held messages per second once the worker has nothing else to read (worker/timer_fix.py)."""
+    app = make_app(redis_url, uid)
+    prefix, queue = app.conf.delayed_key_prefix, app.conf.task_default_queue
+    conf = {"delayed_lookahead_ms": 3000}
+    w = WorkerProcess(redis_url, prefix, queue, concurrency=1, pool="solo", conf=conf)
+    s = SchedulerProcess(redis_url, prefix, queue, conf=conf)
+    workers += [w, s]
+    wait_for(lambda: "ready." in w.output(), 30, what="the worker")
+    wait_for(lambda: rclient.zcard(f"{prefix}:schedulers") > 0, 30, what="the scheduler to join")
+    n = 300
+    jobs = apply_later_many(app, "e2e.mark", [{"args": (i,), "when": 4.0} for i in range(n)], strict=False)
+    due_s = max(h.due_ms for h in jobs) / 1000
+    wait_for(lambda: len(_runs(rclient, prefix)) >= n, 60, what="the burst to run")
+    runs = _runs(rclient, prefix)
+    last = max(runs[h.id] for h in jobs) - due_s
+    # Unpatched: ~10 per second, the last one ~30 s late. Patched: the solo pool's own pace.
+    assert last < 8.0, f"the last of {n} started {last:.1f} s after the due time"

@@ -5,7 +5,8 @@ gateway method, on the real scripts in a private redis-server, with synthetic
 time (every script takes ``now_ms``):
 
 - scheduling: schedule (with ``expires``, ``max_lateness`` and ``misfire``),
-  cancel (also of a running job), reschedule;
+  cancel (also of a running job), reschedule; debounce and throttle keys
+  (schedule_keyed);
 - the scheduler side: heartbeat and hold_shards (membership, shard leases,
   their deadlines and fences), release_due and claim_due called by the lease holder, by a
   stale holder (refused) or without a lease, ack_claimed, claim leases that
@@ -44,7 +45,7 @@ from datetime import datetime, timezone
 import hypothesis
 import pytest
 import redis
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -76,6 +77,8 @@ LIVE = ("SCHEDULED", "CLAIMED", "QUEUED")
 FAILABLE = ("QUEUED", "CLAIMED", "RUNNING")
 SHARD_KEYS = {i: "entity-a" if n % 3 == 0 else "entity-b" for n, i in enumerate(IDS) if n % 3 != 2}
 SCHEDULERS = ["sched-a", "sched-b"]
+#: Debounce and throttle keys (schedule_keyed.lua); the jobs they create get ids "d<n>" / "t<n>".
+KEYED_KEYS = ["key-a", "key-b"]
 WORKERS = ["w1|1|tag|n1", "w2|2|tag|n2"]
 #: Who calls release / claim: no lease check (twice as likely), the lease holder, a stale holder.
 CALLERS = ["", "", "holder", "stale"]
@@ -129,6 +132,8 @@ def machine(redis_url: str, bucket_ms: int) -> type[RuleBasedStateMachine]:
             self._fields: dict[str, dict[str, str]] = {}
             self.paused = False
             self.counts = {"released": 0, "cancelled": 0, "promoted": 0}
+            self.entries: dict[tuple[str, str], tuple[str, int]] = {}  # (mode, key) -> (job id, first call)
+            self.keyed: dict[str, str] = {}  # id of a job a key created -> the key (its shard key)
 
         def teardown(self) -> None:
             keys = list(self.client.scan_iter(match=f"{self.store.keys.prefix}*", count=1000))
@@ -142,13 +147,16 @@ def machine(redis_url: str, bucket_ms: int) -> type[RuleBasedStateMachine]:
             rows = [(j.due, i) for i, j in self.jobs.items() if j.shard == shard and j.st == "SCHEDULED"]
             return [(i, d) for d, i in sorted(rows, key=lambda r: (r[0], r[1].encode()))]
 
+        def _shard_key(self, i: str) -> str | None:
+            return self.keyed.get(i) or SHARD_KEYS.get(i)
+
         def _shard_of(self, i: str) -> int:
-            return self.store.shard_of(i, SHARD_KEYS.get(i))
+            return self.store.shard_of(i, self._shard_key(i))
 
         def _message_fields(self, i: str) -> dict[str, str]:
             """The record fields of a message of job ``i`` (what the worker side stores for a retry)."""
             if i not in self._fields:
-                p = prepare(self.app, TASK, (i,), {}, 0, task_id=i, shard_key=SHARD_KEYS.get(i))
+                p = prepare(self.app, TASK, (i,), {}, 0, task_id=i, shard_key=self._shard_key(i))
                 self._fields[i] = {k: v for k, v in p.job.full_fields().items() if v}
             return self._fields[i]
 
@@ -261,6 +269,46 @@ def machine(redis_url: str, bucket_ms: int) -> type[RuleBasedStateMachine]:
                 assert self.jobs[i].exp == self.now + exp
             if misfire is not None and misfire != "run":
                 assert (self.jobs[i].ml, self.jobs[i].mf) == (ml, misfire)
+
+        @rule(key=st.sampled_from(KEYED_KEYS), delta=st.integers(-1000, 4000), relative=st.booleans(),
+              max_wait=st.sampled_from([None, 1500, 3000]))
+        def debounce(self, key: str, delta: int, relative: bool, max_wait: int | None) -> None:
+            self._keyed("debounce", key, delta, relative, max_wait)
+
+        @rule(delta=st.integers(-1000, 4000), relative=st.booleans(), window=st.sampled_from([1500, 3000]))
+        def throttle(self, delta: int, relative: bool, window: int) -> None:
+            self._keyed("throttle", KEYED_KEYS[0], delta, relative, window)
+
+        def _keyed(self, mode: str, key: str, delta: int, relative: bool, limit: int | None) -> None:
+            """schedule_keyed.lua: a debounced or throttled call."""
+            new_id = f"{mode[0]}{len(self.keyed)}"
+            p = prepare(self.app, TASK, (new_id,), {}, 0, task_id=new_id, shard_key=key)
+            spec, due = self._spec(delta, relative)
+            res = self.store.schedule_keyed(replace(p.job, due=spec), mode, key, limit, now_ms=self.now)
+            entry = self.entries.get((mode, key))
+            held = self.jobs.get(entry[0]) if entry is not None else None
+            if mode == "throttle" and entry is not None and self.now < entry[1] + (limit or 0):
+                event("schedule_keyed: throttled")
+                assert (res.created, res.id) == (False, entry[0])  # the window's job, unchanged
+                assert (res.state, res.due_ms) == ((held.st, held.due or 0) if held is not None else ("", 0))
+                return
+            replaces = mode == "debounce" and held is not None and held.st == "SCHEDULED" and held.att == 0
+            first = entry[1] if replaces and entry is not None else self.now
+            if mode == "debounce" and limit is not None:
+                due = min(due, first + limit)
+            if replaces:
+                event("schedule_keyed: debounce replaced the job")
+                assert held is not None and entry is not None
+                assert (res.created, res.id, res.due_ms) == (False, entry[0], due)
+                # the record is written anew: the call's fields, no claims, retries or lease
+                held.due, held.msg, held.ttl, held.claims, held.retries = due, True, False, 0, None
+                held.exp = held.ml = held.mf = held.lo = held.lu = None
+                return
+            event(f"schedule_keyed: {mode} created a job")
+            assert (res.created, res.id, res.due_ms) == (True, new_id, due)
+            self.jobs[new_id] = Job(res.shard, due)
+            self.keyed[new_id] = key
+            self.entries[(mode, key)] = (new_id, self.now)
 
         @rule(data=st.data(), running=st.booleans())
         def cancel(self, data: st.DataObject, running: bool) -> None:

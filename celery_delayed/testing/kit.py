@@ -1,0 +1,389 @@
+"""Test code that schedules delayed tasks, in milliseconds and without a worker or scheduler.
+
+:class:`DelayedTestKit` points an app's store at a Redis server (a private
+one: :class:`~celery_delayed.testing.servers.RedisServer`) under a key prefix
+of its own, gives the store a controllable clock (:class:`DelayedClock`,
+frozen at the start) that every store operation takes as "now", and runs due
+jobs in-process as a worker would::
+
+    with RedisServer() as server, DelayedTestKit(app, server.url) as kit:
+        remind.apply_later(args=(42,), when=timedelta(hours=1))
+        kit.assert_scheduled(remind, args=(42,), at=kit.clock.now() + timedelta(hours=1))
+        assert kit.run_due() == []            # nothing is due yet
+        kit.clock.advance(hours=1)
+        [job] = kit.run_due()                 # runs remind(42) here, now
+        assert job.state == "SUCCESS"
+
+A job runs through Celery's own tracer with the request a worker would
+build from its message (not eagerly): ``DelayedTask``'s worker side works as
+in production (the execution ledger, cancellation, ``retry``/``retry_later``
+and backoff through the store, the dead-letter queue), so a retry is a
+scheduled job again, due by the kit's clock. The pytest plugin
+(:mod:`celery_delayed.testing.plugin`) wraps this class in fixtures; a
+``unittest`` test uses it directly (``setUp``/``tearDown`` or
+``enterContext``).
+
+Limits: the store must be Redis-only (no ``delayed_database_url``); the
+broker is never used (released jobs stay in the kit until run); code that
+reads ``datetime.now()`` itself sees the real clock, not the kit's (combine
+with a time-freezing library if it must agree).
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from celery import Celery
+from celery.app.trace import trace_task
+from kombu.serialization import loads
+
+from ..config import DelayedConfig, get_config, set_config
+from ..errors import ConfigurationError
+from ..store import Pending, Store, set_store
+from ..worker.tracking import track_plain_tasks
+
+__all__ = ["DelayedClock", "DelayedTestKit", "RanJob", "ScheduledJob"]
+
+#: The hostname the kit's in-process "worker" gives its requests.
+HOSTNAME = "celery-delayed-testkit"
+
+
+def _ms(at: datetime | float | int) -> int:
+    """Epoch ms of an aware datetime (naive: UTC) or of epoch seconds."""
+    if isinstance(at, datetime):
+        if at.tzinfo is None:
+            at = at.replace(tzinfo=timezone.utc)
+        return round(at.timestamp() * 1000)
+    return round(float(at) * 1000)
+
+
+class DelayedClock:
+    """The store's clock in a test: frozen, moved only by :meth:`advance` and :meth:`set`.
+
+    Every store operation (scheduling with a delay, what is due, leases,
+    retries' backoff) reads it instead of the Redis server's clock.
+
+    Args:
+        start: the initial time (an aware datetime, or epoch seconds);
+            default: the real time now, to the millisecond.
+    """
+
+    def __init__(self, start: datetime | float | None = None) -> None:
+        if start is None:
+            start = datetime.now(timezone.utc)
+        self._ms = _ms(start)
+
+    def __call__(self) -> int:
+        """The time, epoch ms (the store's clock hook)."""
+        return self._ms
+
+    def now_ms(self) -> int:
+        """The time, epoch ms."""
+        return self._ms
+
+    def now(self) -> datetime:
+        """The time, an aware datetime in UTC."""
+        return datetime.fromtimestamp(self._ms / 1000, timezone.utc)
+
+    def set(self, at: datetime | float) -> None:
+        """Set the time (an aware datetime, or epoch seconds); it may go back."""
+        self._ms = _ms(at)
+
+    def advance(self, seconds: float | timedelta = 0, **parts: float) -> datetime:
+        """Move the time forward by ``seconds`` (or a timedelta, or ``timedelta`` keywords:
+        ``advance(hours=1)``); return the new time."""
+        delta = seconds if isinstance(seconds, timedelta) else timedelta(seconds=seconds)
+        delta += timedelta(**parts)
+        if delta < timedelta(0):
+            raise ValueError(f"advance() moves forward only, got {delta}; use set() to go back")
+        self._ms += round(delta.total_seconds() * 1000)
+        return self.now()
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduledJob:
+    """A job waiting in the store, as a test sees it."""
+
+    id: str
+    task: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    due: datetime
+    queue: str
+    state: str
+
+    @property
+    def due_ms(self) -> int:
+        """The due time, epoch ms."""
+        return _ms(self.due)
+
+
+@dataclasses.dataclass(frozen=True)
+class RanJob:
+    """One job run by :meth:`DelayedTestKit.run_due`: Celery's outcome and the job's record state."""
+
+    id: str
+    task: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    #: Celery's state of the run: SUCCESS, RETRY, FAILURE, IGNORED, REJECTED
+    state: str
+    #: what the task returned (SUCCESS), else None
+    result: Any
+    #: the exception of a FAILURE or RETRY, else None
+    exception: BaseException | None
+    #: the job's state in the store after the run (SUCCEEDED, SCHEDULED for a retry, DEAD, ...)
+    job_state: str
+
+
+def _name(task: Any) -> str:
+    """A task's name, from the task or its name."""
+    name = task if isinstance(task, str) else getattr(task, "name", None)
+    if not isinstance(name, str):
+        raise TypeError(f"expected a task or a task name, got {task!r}")
+    return name
+
+
+class DelayedTestKit:
+    """Schedule, release and run an app's delayed jobs in a test, by a controllable clock.
+
+    Args:
+        app: the Celery app under test (its tasks, its ``delayed_*`` settings).
+        redis_url: the Redis server to keep the store on (a private test
+            server); None: the app's own ``delayed_redis_url``.
+        key_prefix: the store's key prefix (default: a new unique one, so
+            tests never see each other's jobs on one server).
+        start: the clock's initial time, an aware datetime or epoch seconds
+            (default: now).
+
+    Raises:
+        ConfigurationError: the app's settings are wrong, or it has
+            ``delayed_database_url`` (the kit runs on Redis only).
+
+    The kit installs its store on the app (so ``apply_later``, ``cancel``,
+    handles and the worker side use it) until :meth:`close`; use it as a
+    context manager.
+    """
+
+    def __init__(self, app: Celery, redis_url: str | None = None, *, key_prefix: str | None = None,
+                 start: datetime | float | None = None) -> None:
+        self.app = app
+        config = _read_config(app, redis_url)
+        if config.database_url:
+            raise ConfigurationError("DelayedTestKit runs on Redis only: unset delayed_database_url in tests")
+        config = dataclasses.replace(config, key_prefix=key_prefix or f"dt{uuid.uuid4().hex[:12]}")
+        self.clock = DelayedClock(start)
+        self.store = Store(app, config)
+        self.store.clock = self.clock
+        self._previous_config = set_config(app, config)
+        self._previous = set_store(app, self.store)
+        track_plain_tasks(app)  # as a worker does at start: plain tasks given to apply_later are tracked too
+        #: released and not yet run: (shard, id, envelope, exchange, routing key)
+        self.released: list[tuple[int, str, str, str, str]] = []
+        self._closed = False
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Give the app its previous store back and drop this kit's keys (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        set_store(self.app, self._previous)
+        set_config(self.app, self._previous_config)
+        self.store.drop_everything()
+        self.store.close()
+
+    def __enter__(self) -> DelayedTestKit:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- what is scheduled ---------------------------------------------------------------
+
+    def scheduled_jobs(self, task: Any = None) -> list[ScheduledJob]:
+        """The jobs waiting in the store (SCHEDULED), earliest due first; of one task when given."""
+        name = None if task is None else _name(task)
+        rows: list[dict[str, Any]] = []
+        page = 0
+        while True:
+            got = Pending(self.store).page(name, offset=page * 500, limit=500)
+            rows += got
+            if len(got) < 500:
+                break
+            page += 1
+        messages = self.store.messages([(int(r["shard"]), str(r["id"])) for r in rows])
+        out = []
+        for row, msg in zip(rows, messages, strict=True):
+            args, kwargs = _arguments(msg)[:2] if msg is not None else ([], {})
+            out.append(ScheduledJob(str(row["id"]), str(row["task"]), args, kwargs,
+                                    datetime.fromtimestamp(int(row["due"]) / 1000, timezone.utc),
+                                    str(row["queue"]), str(row["st"])))
+        return out
+
+    def _matching(self, task: Any, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None,
+                  at: datetime | None, tolerance: timedelta) -> tuple[list[ScheduledJob], list[ScheduledJob]]:
+        jobs = self.scheduled_jobs(task)
+        hits = [j for j in jobs
+                if (args is None or j.args == list(args))
+                and (kwargs is None or j.kwargs == dict(kwargs))
+                and (at is None or abs(j.due_ms - _ms(at)) <= tolerance.total_seconds() * 1000)]
+        return hits, jobs
+
+    def assert_scheduled(self, task: Any, args: Sequence[Any] | None = None, kwargs: Mapping[str, Any] | None = None,
+                         at: datetime | None = None, tolerance: timedelta = timedelta(seconds=1)) -> ScheduledJob:
+        """Assert that a job of ``task`` waits with these arguments (those given) due ``at``
+        (within ``tolerance``); return it (the first one, by due time).
+
+        Raises:
+            AssertionError: none does; the message lists what is scheduled.
+        """
+        hits, jobs = self._matching(task, args, kwargs, at, tolerance)
+        if not hits:
+            want = ", ".join(f"{k}={v!r}" for k, v in (("args", args), ("kwargs", kwargs), ("at", at))
+                             if v is not None)
+            raise AssertionError(f"no job of {_name(task)} is scheduled with {want or 'any arguments'}; "
+                                 f"scheduled: {_describe(jobs)}")
+        return hits[0]
+
+    def assert_not_scheduled(self, task: Any, args: Sequence[Any] | None = None,
+                             kwargs: Mapping[str, Any] | None = None) -> None:
+        """Assert that no job of ``task`` waits with these arguments (any, when none are given).
+
+        Raises:
+            AssertionError: one does.
+        """
+        hits, _ = self._matching(task, args, kwargs, None, timedelta(0))
+        if hits:
+            raise AssertionError(f"{len(hits)} job(s) of {_name(task)} scheduled: {_describe(hits)}")
+
+    # -- release and run ---------------------------------------------------------------
+
+    def release_due(self) -> list[str]:
+        """Release every job due by the kit's clock (as a scheduler would); return their ids.
+
+        Released jobs are QUEUED in the store and kept in :attr:`released`
+        (the kit's broker) until :meth:`run_released` runs them. Jobs whose
+        ``expires`` or ``max_lateness`` passed are not released, as in
+        production.
+        """
+        ids = []
+        for shard in range(self.store.config.shards):
+            while True:
+                batch = self.store.claim_due(shard)
+                if not batch.count and not batch.skipped:  # (a batch of expired jobs only: more may follow)
+                    break
+                for jid, (msg, ex, rk, _q) in zip(batch.ids, batch.messages, strict=True):
+                    self.released.append((shard, str(jid), str(msg), str(ex or ""), str(rk or "")))
+                    ids.append(str(jid))
+                self.store.ack_claimed(shard, batch.ids)
+        return ids
+
+    def run_released(self, propagate: bool = False) -> list[RanJob]:
+        """Run the released jobs in this thread, in release order, as a worker would.
+
+        ``propagate``: raise the exception of the first job that failed for
+        good (Celery state FAILURE) after running them all.
+        """
+        ran = []
+        while self.released:
+            shard, jid, msg, ex, rk = self.released.pop(0)
+            ran.append(self._run(shard, jid, msg, ex, rk))
+        if propagate:
+            for job in ran:
+                if job.state == "FAILURE" and job.exception is not None:
+                    raise job.exception
+        return ran
+
+    def run_due(self, propagate: bool = False, max_rounds: int = 100) -> list[RanJob]:
+        """Release what is due by the kit's clock and run it here; again while that made more jobs due
+        (a retry with no delay), up to ``max_rounds``. Returns every run, in order.
+
+        The clock does not move: a retry with a backoff runs after
+        ``kit.clock.advance(...)`` and another ``run_due()``.
+        """
+        ran: list[RanJob] = []
+        for _ in range(max_rounds):
+            if not self.release_due():
+                break
+            ran += self.run_released(propagate)
+        return ran
+
+    def _run(self, shard: int, jid: str, msg: str, ex: str, rk: str) -> RanJob:
+        env = json.loads(msg)
+        headers, props = dict(env.get("headers") or {}), dict(env.get("properties") or {})
+        args, kwargs, embed = _arguments(msg)
+        name = str(headers.get("task") or "")
+        task = self.app.tasks[name]
+        request: dict[str, Any] = {
+            **headers,
+            "properties": props, "reply_to": props.get("reply_to"), "correlation_id": props.get("correlation_id"),
+            "hostname": HOSTNAME,
+            "delivery_info": {"exchange": ex, "routing_key": rk, "priority": props.get("priority"),
+                              "redelivered": False, "delivery_tag": props.get("delivery_tag")},
+            "args": args, "kwargs": kwargs, "is_eager": False, "loglevel": None, "logfile": None,
+            **(embed or {}),
+        }
+        retval, info, _, _ = trace_task(task, headers.get("id") or jid, args, kwargs, request,
+                                        hostname=HOSTNAME, loader=self.app.loader, app=self.app)
+        self.store.drain_replies()  # a success is recorded without waiting: have it recorded now
+        state = info.state if info is not None else "SUCCESS"
+        exc = getattr(info, "retval", None) if info is not None else None
+        exc = getattr(exc, "exception", exc)
+        cause = getattr(exc, "exc", None)
+        if state == "RETRY" and isinstance(cause, BaseException):
+            exc = cause  # Celery's Retry: the exception that caused it
+        rec = self.store.records(shard, [jid]).get(jid) or {}
+        return RanJob(jid, name, args, kwargs, state, retval if info is None else None,
+                      exc if isinstance(exc, BaseException) else None, str(rec.get("st", "")))
+
+    # -- conveniences --------------------------------------------------------------------
+
+    def job_state(self, job_id: str) -> str | None:
+        """The state of a job's record (None: no record)."""
+        try:
+            return str(self.store.get(job_id).get("st"))
+        except LookupError:
+            return None
+
+
+def _read_config(app: Celery, redis_url: str | None) -> DelayedConfig:
+    """The app's settings, with ``delayed_redis_url`` = ``redis_url`` when given."""
+    if redis_url is None:
+        return get_config(app)
+    missing = object()
+    old = app.conf.get("delayed_redis_url", missing)
+    app.conf.delayed_redis_url = redis_url
+    try:
+        return DelayedConfig.from_app(app)
+    finally:
+        if old is missing:
+            app.conf.pop("delayed_redis_url", None)
+        else:
+            app.conf.delayed_redis_url = old
+
+
+def _arguments(msg: str) -> tuple[list[Any], dict[str, Any], dict[str, Any]]:
+    """(args, kwargs, embed) of a kombu envelope (protocol 2), decoded with its serializer."""
+    env = json.loads(msg)
+    props = env.get("properties") or {}
+    body: Any = env["body"]
+    if props.get("body_encoding") == "base64":
+        body = base64.b64decode(body)
+    payload = loads(body, env.get("content-type"), env.get("content-encoding"), accept=None)
+    if isinstance(payload, (list, tuple)) and len(payload) == 3:
+        args, kwargs, embed = payload
+        return list(args), dict(kwargs), dict(embed or {})
+    return [], {}, {}  # protocol 1 bodies are not produced by celery-delayed
+
+
+def _describe(jobs: Iterable[ScheduledJob]) -> str:
+    items = [f"{j.task}(args={j.args!r}, kwargs={j.kwargs!r}) due {j.due.isoformat()} [{j.id}]" for j in jobs]
+    return "; ".join(items[:20]) + (" ..." if len(items) > 20 else "") if items else "nothing"
