@@ -217,3 +217,40 @@ def test_a_job_due_sooner_wakes_the_sleeping_scheduler_through_cluster_pubsub(re
     finally:
         sched.stop()
         thread.join(10)
+
+
+@pytest.mark.timeout(60)
+def test_the_other_scripts_each_run_in_one_slot(redis_url, cluster_url, uid):
+    """Scripts the end-to-end cases above do not reach, called once each on the cluster."""
+    app = capp(redis_url, cluster_url, uid, delayed_shards=8)
+    store = get_store(app)
+    far = [apply_later(app, "e2e.mark", when=3600, strict=False) for _ in range(16)]
+    # keyed jobs (schedule_keyed.lua)
+    d1 = apply_later(app, "e2e.mark", when=600, debounce_key="k1", strict=False)
+    d2 = apply_later(app, "e2e.mark", when=900, debounce_key="k1", strict=False)
+    assert d1.id == d2.id
+    t1 = apply_later(app, "e2e.mark", when=600, throttle_key="k2", window=60, strict=False)
+    assert apply_later(app, "e2e.mark", when=600, throttle_key="k2", window=60, strict=False).id == t1.id
+    # operators' controls (pause.lua, promote.lua, cancel_matching.lua)
+    store.pause(["all"])
+    assert "all" in store.pauses()
+    assert store.resume(["all"]) == 0
+    store.promote(far[0].id)
+    assert store.get(far[0].id)["st"] == "SCHEDULED" and int(store.get(far[0].id)["due"]) <= store.now_ms() + 1000
+    assert store.promote_matching(task="e2e.mark") >= 1
+    assert store.note_fallback(3, "e2e.mark", "why") == 1
+    # the worker side on a claimed, acknowledged job (start, extend_lease, retry, fail, dead,
+    # requeue, rerelease, refuse_claimed)
+    h = far[1]
+    batch = store.claim_due(h.shard, "", "", limit=100)
+    assert h.id in batch.ids
+    store.refuse_claimed(h.shard, [(i, "refused", False) for i in batch.ids if i != h.id])
+    store.ack_claimed(h.shard, [h.id])
+    assert store.start(h.id, h.shard, "w1").code == 1
+    assert store.extend_lease(h.id, h.shard, "w1")
+    assert store.dead(h.id, h.shard, {}, owner="w1").code == 1
+    _due, outcomes = store.requeue(h.shard, [h.id], "+0")
+    assert [int(o.code) for o in outcomes] == [-4]  # ran: NO_MESSAGE (the started job's message was dropped)
+    assert isinstance(store.rerelease(h.shard, [h.id], 3), list)
+    left = store.cancel_matching(task="e2e.mark")
+    assert len(left) >= 10
