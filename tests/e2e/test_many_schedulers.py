@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import math
+import signal
 import threading
 import time
 
@@ -164,3 +165,38 @@ def test_a_scheduler_paused_past_its_lease_cannot_release_from_the_shard_it_lost
             t.join(10)
         a.store.heartbeat(a.owner, leave=True)
         a.mover.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_sigstopped_scheduler_comes_back_without_releasing_from_the_shards_it_lost(redis_url, uid, workers,
+                                                                                    rclient):
+    shards = 8
+    conf = {"delayed_lease_ms": LEASE_MS, "delayed_shards": shards}
+    app = make_app(redis_url, uid, **conf)
+    prefix, queue = app.conf.delayed_key_prefix, app.conf.task_default_queue
+    w = WorkerProcess(redis_url, prefix, queue, concurrency=4, pool="threads")
+    workers.append(w)
+    a, b = (SchedulerProcess(redis_url, prefix, queue, conf=conf) for _ in range(2))
+    workers.extend([a, b])
+    wait_for(lambda: {pid_of(o) for o in owners(rclient, prefix, shards) if o} == {a.pid, b.pid}
+             and all(owners(rclient, prefix, shards)), 60, interval=0.05, what="two schedulers to share")
+    before = {s: rclient.get(f"{prefix}:{{{s}}}:lease") for s in range(shards)}
+    n = 600
+    ids = [h.id for h in apply_later_many(
+        app, "e2e.plain", [{"args": (i,), "when": 1.0 + 6.0 * i / n} for i in range(n)], strict=False)]
+    a.proc.send_signal(signal.SIGSTOP)  # paused, mid-whatever: its leases run out while it sleeps
+    try:
+        wait_for(lambda: {pid_of(o) for o in owners(rclient, prefix, shards)} == {b.pid}, 15, interval=0.02,
+                 what="b to take a's shards")
+        time.sleep(1.0)  # jobs of a's old shards come due and are released by b
+    finally:
+        a.proc.send_signal(signal.SIGCONT)
+    # a comes back: its next release under an old fence is refused, it rejoins and gets its share
+    # back from b (each shard given up by b, taken with a new fence).
+    wait_for(lambda: {pid_of(o) for o in owners(rclient, prefix, shards)} == {a.pid, b.pid}, 15,
+             interval=0.05, what="a to take its share back")
+    after = {s: rclient.get(f"{prefix}:{{{s}}}:lease") for s in range(shards)}
+    for s in range(shards):
+        if pid_of(before[s].rpartition("|")[0]) == a.pid:
+            assert int(after[s].rpartition("|")[2]) >= int(before[s].rpartition("|")[2]) + 1, (before[s], after[s])
+    assert_each_ran_once(app, rclient, w, ids)
