@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from celery_delayed.testing import RedisServer
 
-from . import report, s_drain, s_durability, s_lateness, s_memory, s_ops, s_release, s_replicas, s_schedule
+from . import report, s_cluster, s_drain, s_durability, s_lateness, s_memory, s_ops, s_release, s_replicas, s_schedule
 from .common import Ctx
 
 SCENARIOS: dict[str, Callable[[Ctx], None]] = {
@@ -38,6 +38,7 @@ SCENARIOS: dict[str, Callable[[Ctx], None]] = {
     "drain": s_drain.drain,  # 15
     "sustained": s_lateness.sustained,  # 16
     "wait-replicas": s_replicas.wait_replicas,  # 17
+    "cluster": s_cluster.cluster,  # 18
 }
 
 

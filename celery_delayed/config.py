@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from celery import Celery
 
@@ -109,6 +109,9 @@ SETTINGS: tuple[Setting, ...] = (
             lo=0, hi=100),
     Setting("wait_replicas_timeout_ms", int, 1000, "how long a write waits for `delayed_wait_replicas` replicas "
             "before it raises `ReplicationTimeout`", lo=1, hi=600_000, unit="ms"),
+    Setting("redis_cluster", bool, False, "`delayed_redis_url` names any node of a Redis Cluster (db 0): the "
+            "store uses redis-py's cluster client, its shards spread over every master, and release takes the "
+            "publish path (see Redis Cluster)"),
     Setting("key_prefix", str, "delayed", "prefix of every store key (no braces, `\\|` or spaces)"),
     Setting("shards", int, 16, "number of shards; a job's shard is `crc32(shard_key or job id) % shards`",
             lo=1, hi=16384),
@@ -272,6 +275,16 @@ def _redis_options(conf: Any, value: dict[str, Any] | None) -> dict[str, Any]:
 def _check_store(values: dict[str, Any]) -> None:
     """Checks across settings: a Sentinel URL needs a master name, and wait_replicas a bound."""
     url, opts = values["redis_url"], values["redis_options"]
+    if is_sentinel_url(url) and values.get("redis_cluster"):
+        raise ConfigurationError(
+            f"delayed_redis_cluster is set, but delayed_redis_url {_redact(url)!r} names Sentinels: a Redis Cluster "
+            "fails over by itself; give the URL of any cluster node (redis://host:port/0), or unset "
+            "delayed_redis_cluster to use the Sentinels")
+    if values.get("redis_cluster") and values.get("wait_replicas"):
+        raise ConfigurationError(
+            "delayed_wait_replicas is not supported with delayed_redis_cluster yet: WAIT must run on the master "
+            "that owns each job's slot, and celery-delayed sends it only on a single server or a Sentinel "
+            "master. Set delayed_wait_replicas = 0 on a cluster")
     if is_sentinel_url(url):
         sentinel_hosts(url)
         if not isinstance(opts.get("master_name"), str) or not opts["master_name"]:
@@ -285,6 +298,18 @@ def _check_store(values: dict[str, Any]) -> None:
             raise ConfigurationError(
                 f"delayed_redis_options has {sorted(unknown)}, which only a sentinel:// delayed_redis_url uses "
                 f"(it is {_redact(url)!r})")
+
+
+def _redis_cluster(conf: Any, value: bool) -> bool:
+    """A cluster has one database: refuse a store URL that names another."""
+    if value:
+        parts = urlsplit(conf.get("delayed_redis_url") or broker_url(conf))
+        db = parts.path.strip("/") or parse_qs(parts.query).get("db", ["0"])[0]
+        if db not in ("", "0"):
+            raise ConfigurationError(
+                f"delayed_redis_cluster is set, but delayed_redis_url names database {db!r}: a Redis Cluster "
+                "has database 0 only (use /0 or no database in the URL)")
+    return value
 
 
 def _key_prefix(conf: Any, value: str) -> str:
@@ -307,6 +332,7 @@ _EXTRA_CHECKS: dict[str, Callable[[Any, Any], Any]] = {
     "redis_url": _redis_url,
     "redis_options": _redis_options,
     "key_prefix": _key_prefix,
+    "redis_cluster": _redis_cluster,
     "dlq_queue": _non_empty("dlq_queue"),
     "dlq_task": _non_empty("dlq_task"),
     "database_url": _non_empty("database_url"),
@@ -321,6 +347,7 @@ class DelayedConfig:
     redis_options: dict[str, Any]
     wait_replicas: int
     wait_replicas_timeout_ms: int
+    redis_cluster: bool
     key_prefix: str
     shards: int
     bucket_ms: int

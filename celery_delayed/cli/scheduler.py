@@ -97,10 +97,12 @@ def status(ctx: click.Context, as_json: bool) -> None:
         paused = store.pauses()
         recurring = ScheduleRecords(store).all()
     scheds = {"count": len(recurring), "paused": sum(1 for r in recurring if r.paused)}
+    path, why = store.release_path
     if as_json:
         click.echo(json.dumps({"shards": rows, "schedulers": members, "warnings": warnings, "mirror": mirror,
                                "eta_fallbacks": fallbacks.as_dict(), "paused": paused, "schedules": scheds,
-                               "replication": replication}))
+                               "replication": replication, "release_path": path, "release_path_reason": why,
+                               "cluster": store.config.redis_cluster}))
         return
     click.echo(f"{'shard':>5} {'pending':>9} {'overdue':>8} {'inflight':>8}  next due / oldest overdue")
     for r in rows:
@@ -111,7 +113,8 @@ def status(ctx: click.Context, as_json: bool) -> None:
     overdue = sum(r["overdue"] for r in rows)
     firsts = [r["next_due_ms"] for r in rows if r["next_due_ms"] is not None]
     click.echo(f"total: {total} pending, {overdue} overdue, next due {fmt_ms(min(firsts) if firsts else None)}, "
-               f"{len(members)} scheduler(s) {' '.join(members)}")
+               f"{len(members)} scheduler(s) {' '.join(members)}".rstrip()
+               + f"; release path: {path} ({why})")
     if where:
         click.echo(where)
     if mirror is not None:

@@ -29,7 +29,7 @@ from kombu.transport.redis import Channel as RedisChannel
 from kombu.transport.virtual.base import Channel as VirtualChannel
 
 from ..config import DelayedConfig, broker_url, is_sentinel_url, sentinel_hosts
-from ..errors import InvalidOption
+from ..errors import ConfigurationError, InvalidOption
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,14 @@ class BrokerLayout:
     def from_app(cls, app: Any, config: DelayedConfig) -> BrokerLayout:
         """Read the app's ``broker_transport_options`` and decide the release path."""
         opts = app.conf.broker_transport_options or {}
-        if config.release_mode == "auto":
+        if config.redis_cluster:  # kombu cannot use a cluster: the release script cannot push onto its lists
+            if config.release_mode == "direct":
+                raise ConfigurationError(
+                    "delayed_release_mode is 'direct', but the store is a Redis Cluster (delayed_redis_cluster): "
+                    "kombu cannot read queues from a cluster, so release publishes to the broker. Use "
+                    "delayed_release_mode 'auto' or 'publish'")
+            direct = False
+        elif config.release_mode == "auto":
             broker = broker_url(app.conf)
             direct = bool(broker) and same_redis(broker, config.redis_url)
             if direct and is_sentinel_url(broker):  # the same Sentinels: the same master group too?

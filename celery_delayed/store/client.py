@@ -13,12 +13,22 @@ import functools
 import inspect
 import re
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
 
 import redis
 from redis.backoff import ExponentialBackoff, NoBackoff
-from redis.exceptions import BusyLoadingError, OutOfMemoryError, ReadOnlyError
+from redis.cluster import RedisCluster
+from redis.exceptions import (
+    BusyLoadingError,
+    ClusterDownError,
+    ClusterError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    RedisClusterException,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
@@ -27,8 +37,10 @@ from redis.sentinel import MasterNotFoundError, Sentinel
 from ..config import is_sentinel_url, sentinel_hosts
 from ..errors import DelayedError, StoreFull, StoreUnavailable
 
-#: redis-py errors that mean "the store cannot be used right now".
-UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, BusyLoadingError, ReadOnlyError)
+#: redis-py errors that mean "the store cannot be used right now" (on a cluster: still so after
+#: redis-py's own retries, which follow MOVED/ASK and a failover to a replica).
+UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, BusyLoadingError, ReadOnlyError,
+               ClusterDownError, SlotNotCoveredError, TryAgainError, ClusterError)
 
 
 def redact(url: str) -> str:
@@ -62,7 +74,8 @@ def translate(exc: Exception, url: str) -> DelayedError | None:
     if isinstance(exc, UNAVAILABLE):
         # Refused or timed out while connecting: the command never left. Lost while
         # reading the reply: it may have run (a frozen server wakes up and runs it).
-        sent = "connecting" not in str(exc).lower() and not isinstance(exc, (BusyLoadingError, ReadOnlyError))
+        sent = "connecting" not in str(exc).lower() and not isinstance(
+            exc, (BusyLoadingError, ReadOnlyError, ClusterDownError, SlotNotCoveredError, TryAgainError))
         outcome = (
             "the command may have reached Redis, so it may or may not have been written; calling "
             "again with the same task_id (DuplicateJob: it was) or idempotency_key is safe"
@@ -97,17 +110,33 @@ def _wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             return fn(self, *args, **kwargs)
-        except (RedisConnectionError, RedisTimeoutError, BusyLoadingError, ReadOnlyError, OutOfMemoryError) as exc:
+        except (*UNAVAILABLE, OutOfMemoryError) as exc:
             err = translate(exc, self.url)
             if err is None:  # pragma: no cover - every caught type translates
                 raise
             raise err from exc
+        except RedisClusterException as exc:
+            if not is_unreachable(exc):
+                raise
+            raise StoreUnavailable(f"cannot reach the celery-delayed store (Redis Cluster at "
+                                   f"{redact(self.url)}): {exc}") from exc
 
     return wrapper
 
 
+def is_unreachable(exc: RedisClusterException) -> bool:
+    """True when redis-py's cluster client gave up finding a reachable node (not a usage error)."""
+    return "cannot be connected" in str(exc) or "reachable" in str(exc)
+
+
+def is_cluster(client: Any) -> bool:
+    """True for redis-py's Redis Cluster client."""
+    return isinstance(client, RedisCluster)
+
+
 def make_client(
     url: str, *, options: Mapping[str, Any] | None = None, fail_fast: bool = False, health_check_interval: int = 30,
+    cluster: bool = False,
 ) -> redis.Redis:
     """A redis-py client for the store at ``url`` (replies decoded as str).
 
@@ -121,7 +150,26 @@ def make_client(
     own back-off and must stay responsive to SIGTERM while Redis is down, so
     a command is retried once, quickly (to replace a connection that a Redis
     restart broke).
+
+    ``cluster``: ``url`` names any node of a Redis Cluster; the client is
+    redis-py's :class:`~redis.cluster.RedisCluster` (typed as ``redis.Redis``
+    for the store, which calls only commands both have). It follows MOVED and
+    ASK and, on a failover, reloads the slot map and retries.
+
+    Raises:
+        StoreUnavailable: on a cluster, no node of it could be reached (the
+            cluster client reads the slot map when it is made).
     """
+    if cluster:
+        timeouts: dict[str, Any] = {"socket_connect_timeout": 2, "socket_timeout": 10} if fail_fast else {}
+        try:
+            return cast(redis.Redis, RedisCluster.from_url(
+                url, decode_responses=True, health_check_interval=health_check_interval,
+                **{**dict(options or {}), **timeouts}))
+        except (RedisClusterException, RedisConnectionError, RedisTimeoutError) as exc:
+            raise StoreUnavailable(
+                f"cannot reach the celery-delayed store (Redis Cluster at {redact(url)}): {exc}; nothing was "
+                "written. Check that the cluster is up and delayed_redis_url names one of its nodes") from exc
     kwargs: dict[str, Any] = {"decode_responses": True, "health_check_interval": health_check_interval}
     if fail_fast:
         kwargs.update(socket_connect_timeout=2, socket_timeout=10,

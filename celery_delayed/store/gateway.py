@@ -88,13 +88,13 @@ class Store:
         self.app = app
         self.config = config or get_config(app)
         self.url = self.config.redis_url
-        self.client: redis.Redis = client or make_client(
-            self.url, options=self.config.redis_options, fail_fast=fail_fast)
+        self._fail_fast = fail_fast
+        self._client: redis.Redis | None = client
         self.keys = Keys(self.config.key_prefix)
         self.broker = BrokerLayout.from_app(app, self.config)
         self._layout_ok = False
         self._scripts: Scripts | None = None
-        self._lanes = Lanes(self.client)
+        self._lanes_of: Lanes | None = None
         #: (shard, template id) this store sent to the server (compact records)
         self._templates_sent: set[tuple[int, str]] = set()
         #: templates read back from the server, by id (a template never changes: its id is its digest)
@@ -128,6 +128,36 @@ class Store:
     def direct(self) -> bool:
         """True on the direct release path (the broker is Redis on the store's server)."""
         return self.broker.direct
+
+    @property
+    def client(self) -> redis.Redis:
+        """The redis-py client, made on first use (a cluster client reads the slot map then).
+
+        Raises:
+            StoreUnavailable: on Redis Cluster, no node could be reached (tried again on the next use).
+        """
+        if self._client is None:
+            self._client = make_client(self.url, options=self.config.redis_options, fail_fast=self._fail_fast,
+                                       cluster=self.config.redis_cluster)
+        return self._client
+
+    @property
+    def _lanes(self) -> Lanes:
+        if self._lanes_of is None:
+            self._lanes_of = Lanes(self.client)
+        return self._lanes_of
+
+    @property
+    def release_path(self) -> tuple[str, str]:
+        """("direct" or "publish", why): the release path this store's scheduler takes (``delayed status``)."""
+        mode = self.config.release_mode
+        if self.config.redis_cluster:
+            return "publish", "the store is a Redis Cluster: kombu cannot read queues from one"
+        if self.direct:
+            return "direct", ("the broker is Redis on the store's server" if mode == "auto"
+                              else "delayed_release_mode = 'direct'")
+        return "publish", ("the broker is not the store's Redis" if mode == "auto"
+                           else "delayed_release_mode = 'publish'")
 
     # -- plumbing ----------------------------------------------------------------
 
@@ -294,8 +324,12 @@ class Store:
 
     def close(self) -> None:
         """Close the client's connections (the store can be used again: they reopen)."""
+        if self._client is None:
+            return
         with contextlib.suppress(Exception):  # closing is best effort
-            close_client(self.client)
+            close_client(self._client)
+        if self.config.redis_cluster:  # a cluster client is made anew (with a fresh slot map)
+            self._client = self._lanes_of = None
 
     def _now(self, now_ms: int | None) -> str:
         """ARGV[1] of every script: an explicit time, the test clock (:attr:`clock`), or '' for the server's."""
@@ -697,14 +731,31 @@ class Store:
                     "scheduler of one store must use the same delayed_lease_ms (stop the others first to change it)"
                 )
 
-    def rebalance(self, owner: str, now_ms: int | None = None) -> dict[int, str]:
-        """Hand the shards out over the live schedulers (``rebalance.lua``); return ``owner``'s shards and fences."""
-        n = self.config.shards
-        keys = [self.keys.schedulers]
-        keys += [self.keys.shard(s).lease for s in range(n)]
-        keys += [self.keys.shard(s).fence for s in range(n)]
-        reply = self._run(self.scripts.rebalance, keys, [self._now(now_ms), owner])
-        return {int(reply[i]): str(reply[i + 1]) for i in range(0, len(reply), 2)}
+    def hold_shards(
+        self, owner: str, take: Iterable[int], give: Iterable[int] = (), now_ms: int | None = None,
+    ) -> tuple[dict[int, str], dict[int, int]]:
+        """Take or keep the leases of shards ``take``, give up those of ``give`` (``shard_lease.lua``, one per shard).
+
+        One script call per shard (one slot each: this runs on Redis Cluster),
+        all in one round trip. A shard another live lease holds is not taken.
+
+        Returns ({shard: fence} of the ``take`` shards the caller holds now,
+        {shard: ms until its holder's lease runs out} of the others).
+        """
+        wanted, dropped = sorted(set(take)), sorted(set(give) - set(take))
+        calls: list[tuple[Sequence[str], Sequence[Arg]]] = []
+        for shard, ms in [(s, self.config.lease_ms) for s in wanted] + [(s, 0) for s in dropped]:
+            sk = self.keys.shard(shard)
+            calls.append(([sk.lease, sk.fence, sk.lease_until], [self._now(now_ms), owner, ms]))
+        held: dict[int, str] = {}
+        waits: dict[int, int] = {}
+        replies = self._run_many(self.scripts.shard_lease, calls) if calls else []
+        for shard, (code, fence, wait) in zip(wanted, replies, strict=False):
+            if int(code) == Reply.OK:
+                held[shard] = str(fence)
+            else:
+                waits[shard] = int(wait)
+        return held, waits
 
     def member_deadlines(self) -> list[tuple[str, float]]:
         """Every scheduler's membership deadline, epoch ms (expired ones included until a heartbeat drops them)."""
@@ -724,7 +775,8 @@ class Store:
     def subscribe_wake(self) -> WakeSubscription:
         """A new subscription to the wake channel (its own connection; see :class:`WakeSubscription`)."""
         return WakeSubscription(
-            make_client(self.url, options=self.config.redis_options, fail_fast=True), self.keys.wake)
+            make_client(self.url, options=self.config.redis_options, fail_fast=True, cluster=self.config.redis_cluster),
+            self.keys.wake)
 
     # -- worker side: the execution ledger ----------------------------------------------
 

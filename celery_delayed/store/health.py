@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from redis.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
-from .client import translate_errors
+from .client import is_cluster, translate_errors
 from .gateway import Store
 
 #: The only maxmemory policy under which Redis never drops a job's keys.
@@ -28,10 +29,25 @@ class ServerHealth:
         self.url = store.url
 
     def info(self) -> dict[str, Any]:
-        """``INFO memory`` and ``INFO persistence`` of the store's server."""
-        info: dict[str, Any] = dict(self.store.client.info("memory"))
-        info.update(self.store.client.info("persistence"))
-        return info
+        """``INFO memory`` and ``INFO persistence`` of the store's server.
+
+        On Redis Cluster every master is asked and the worst answer kept: an
+        evicting policy if any master has one, AOF off if it is off on any,
+        and the memory figures of the fullest master.
+        """
+        client = self.store.client
+        if not is_cluster(client):
+            info: dict[str, Any] = dict(client.info("memory"))
+            info.update(client.info("persistence"))
+            return info
+        return _worst(self.per_master())
+
+    def per_master(self) -> dict[str, dict[str, Any]]:
+        """On Redis Cluster: ``INFO memory`` and ``INFO persistence`` of each master, by node name."""
+        client: Any = self.store.client
+        mem = client.info("memory", target_nodes=RedisCluster.PRIMARIES)
+        per = client.info("persistence", target_nodes=RedisCluster.PRIMARIES)
+        return {str(n): {**mem[n], **per.get(n, {})} for n in mem}
 
     def replicas(self) -> int:
         """How many replicas of the store's server are online (``INFO replication``)."""
@@ -86,3 +102,22 @@ class ServerHealth:
                 "(StoreFull); release or purge jobs, or raise maxmemory"
             )
         return out
+
+
+def _fill(info: dict[str, Any]) -> float:
+    limit = int(info.get("maxmemory", 0))
+    return int(info.get("used_memory", 0)) / limit if limit else 0.0
+
+
+def _worst(per: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """One INFO view of several masters: the worst of each figure the checks read."""
+    infos = list(per.values())
+    if not infos:
+        return {}
+    fullest = sorted(infos, key=_fill)[-1]
+    out: dict[str, Any] = dict(fullest)
+    evicting = [str(i.get("maxmemory_policy")) for i in infos if i.get("maxmemory_policy") != SAFE_POLICY]
+    if evicting:
+        out["maxmemory_policy"] = evicting[0]
+    out["aof_enabled"] = min(int(i.get("aof_enabled", 0)) for i in infos)
+    return out

@@ -11,6 +11,7 @@ so a script that touches one shard touches one slot::
     {prefix}:{<s>}:inflight            ZSET   job id -> claim deadline (publish path)
     {prefix}:{<s>}:lease               STRING "<owner>|<fence>" of the scheduler releasing it
     {prefix}:{<s>}:fence               STRING fencing counter, INCR on every hand-over
+    {prefix}:{<s>}:lease_until         STRING the lease's deadline, epoch ms (``shard_lease.lua``)
     {prefix}:{<s>}:job:<id>            HASH   the job record (see ``records.py``)
     {prefix}:{<s>}:tpl:<tid>           STRING a compact records' template, JSON (``compact.py``):
                                               expires after the latest due time of its
@@ -46,7 +47,8 @@ of a key they are given: ``lua/includes/ops.lua``)
 and, outside any shard::
 
     {prefix}:schedulers                ZSET   scheduler owner token -> membership deadline
-    {prefix}:schedulers:settings       HASH   scheduler owner token -> the settings every
+    {prefix}:{{prefix}:schedulers}:settings
+                                       HASH   scheduler owner token -> the settings every
                                               scheduler must share ("lease_ms=30000")
     {prefix}:layout                    HASH   shards, bucket_ms: fixed when the store is created
     {prefix}:schedules                 SET    names of every recurring schedule (the schedulers
@@ -90,8 +92,13 @@ class Keys:
 
     @property
     def scheduler_settings(self) -> str:
-        """The settings of each running scheduler (checked by a new one before it joins)."""
-        return f"{self.prefix}:schedulers:settings"
+        """The settings of each running scheduler (checked by a new one before it joins).
+
+        Its hash tag is the whole name of :attr:`schedulers`, so both are in one
+        Redis Cluster slot (``heartbeat.lua`` writes them together); it starts
+        with the prefix, so an ACL key pattern ``~<prefix>:*`` covers it.
+        """
+        return f"{self.prefix}:{{{self.prefix}:schedulers}}:settings"
 
     @property
     def layout(self) -> str:
@@ -143,6 +150,10 @@ class ShardKeys:
     @property
     def fence(self) -> str:
         return f"{self.base}:fence"
+
+    @property
+    def lease_until(self) -> str:
+        return f"{self.base}:lease_until"
 
     @property
     def dlq(self) -> str:

@@ -21,6 +21,7 @@ import time
 
 import redis
 from celery import Celery
+from redis.cluster import RedisCluster
 
 from celery_delayed import DelayedTask
 
@@ -46,7 +47,10 @@ _client: redis.Redis | None = None
 def record(task_id: str, retries: int = 0) -> None:
     global _client
     if _client is None:
-        _client = redis.Redis.from_url(STORE, decode_responses=True)
+        if app.conf.get("delayed_redis_cluster"):
+            _client = RedisCluster.from_url(STORE, decode_responses=True)  # type: ignore[assignment]
+        else:
+            _client = redis.Redis.from_url(STORE, decode_responses=True)
     _client.rpush(f"{PREFIX}:ran", f"{task_id}|{os.getpid()}|{retries}|{time.time():.6f}")
 
 
