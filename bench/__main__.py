@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from celery_delayed.testing import RedisServer
 
-from . import report, s_drain, s_durability, s_lateness, s_memory, s_ops, s_release, s_schedule
+from . import report, s_cluster, s_drain, s_durability, s_lateness, s_memory, s_ops, s_release, s_replicas, s_schedule
 from .common import Ctx
 
 SCENARIOS: dict[str, Callable[[Ctx], None]] = {
@@ -37,6 +37,8 @@ SCENARIOS: dict[str, Callable[[Ctx], None]] = {
     "durability": s_durability.durability,  # 14
     "drain": s_drain.drain,  # 15
     "sustained": s_lateness.sustained,  # 16
+    "wait-replicas": s_replicas.wait_replicas,  # 17
+    "cluster": s_cluster.cluster,  # 18
 }
 
 

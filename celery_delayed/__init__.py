@@ -8,6 +8,9 @@ Celery; :func:`install` wires an app (see :mod:`celery_delayed.plugin`).
 
 from __future__ import annotations
 
+# Recurring schedules (celery_delayed.schedules.list / get / add / remove / pause / resume / run_now)
+from . import schedules
+
 # Scheduling and job operations
 from .api import apply_later, apply_later_many, cancel, cancel_by_key, job_id_for_key, lookup, reschedule
 
@@ -30,6 +33,7 @@ from .errors import (
     LeaseLost,
     Misfired,
     PayloadTooLarge,
+    ReplicationTimeout,
     SerializationError,
     StoreFull,
     StoreUnavailable,
@@ -66,6 +70,7 @@ __all__ = [
     "LeaseLost",
     "Misfired",
     "PayloadTooLarge",
+    "ReplicationTimeout",
     "SerializationError",
     "Store",
     "StoreFull",
@@ -89,5 +94,6 @@ __all__ = [
     "promote_matching",
     "reschedule",
     "resume",
+    "schedules",
 ]
 __version__ = "0.1.0"

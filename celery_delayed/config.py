@@ -11,10 +11,11 @@ Precedence for the options a task or a call may override, as Celery's own
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from celery import Celery
 
@@ -53,10 +54,18 @@ class Setting:
     def check(self, value: Any) -> Any:
         """Validate one value; raise :class:`ConfigurationError` when it is wrong."""
         what = self._describe()
+        if self.kind is dict:
+            if not isinstance(value, dict):
+                raise ConfigurationError(f"{self.name} must be a dict, got {type(value).__name__} {value!r}")
+            return value
         if self.kind is bool:
             if not isinstance(value, bool):
                 raise ConfigurationError(f"{self.name} must be True or False, got {type(value).__name__} {value!r}")
             return value
+        if self.kind is dict:
+            if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+                raise ConfigurationError(f"{self.name} must be a dict with str keys, got {type(value).__name__}")
+            return dict(value)
         if self.kind is str:
             if not isinstance(value, str):
                 raise ConfigurationError(f"{self.name} must be a string, got {type(value).__name__} {value!r}")
@@ -89,8 +98,20 @@ def _num(x: float) -> str:
 
 #: Every setting. The README's settings table is this table.
 SETTINGS: tuple[Setting, ...] = (
-    Setting("redis_url", str, None, "Redis holding the store (`redis://`, `rediss://` or `unix://`). Required when "
-            "the broker is not Redis.", nullable=True),
+    Setting("redis_url", str, None, "Redis holding the store (`redis://`, `rediss://`, `unix://`, or "
+            "`sentinel://host:port;sentinel://host:port`). Required when the broker is not Redis.", nullable=True),
+    Setting("redis_options", dict, None, "with a `sentinel://` store URL: `master_name` (required), and optionally "
+            "`sentinel_kwargs` (the Sentinels' own password, TLS), `min_other_sentinels`, and options of the "
+            "master's connections (`ssl`, `ssl_ca_certs`, `password` ...), as kombu's broker transport options; "
+            "`None` = the broker's when the store is the broker (see Redis Sentinel)", nullable=True),
+    Setting("wait_replicas", int, 0, "scheduling, cancelling and rescheduling wait until this many replicas have "
+            "the write (Redis `WAIT`), so an acknowledged job survives a failover; `0` = do not wait",
+            lo=0, hi=100),
+    Setting("wait_replicas_timeout_ms", int, 1000, "how long a write waits for `delayed_wait_replicas` replicas "
+            "before it raises `ReplicationTimeout`", lo=1, hi=600_000, unit="ms"),
+    Setting("redis_cluster", bool, False, "`delayed_redis_url` names any node of a Redis Cluster (db 0): the "
+            "store uses redis-py's cluster client, its shards spread over every master, and release takes the "
+            "publish path (see Redis Cluster)"),
     Setting("key_prefix", str, "delayed", "prefix of every store key (no braces, `\\|` or spaces)"),
     Setting("shards", int, 16, "number of shards; a job's shard is `crc32(shard_key or job id) % shards`",
             lo=1, hi=16384),
@@ -155,6 +176,15 @@ SETTINGS: tuple[Setting, ...] = (
             "`worker --delayed` (`--metrics-port` overrides it); `None` = no exporter", lo=1, hi=65535,
             nullable=True),
     Setting("metrics_address", str, "127.0.0.1", "address the metrics exporter binds"),
+    Setting("schedule", dict, None, "recurring schedules: `{name: {\"task\", \"schedule\", \"args\", \"kwargs\", "
+            "\"options\", \"timezone\", \"misfire\"}}` like `beat_schedule` (see Recurring schedules); read again "
+            "by the schedulers every `delayed_schedule_sync_s`", nullable=True),
+    Setting("import_beat_schedule", bool, False, "also run the app's `beat_schedule` as recurring schedules "
+            "(`delayed_schedule` wins on a shared name)"),
+    Setting("schedule_sync_s", float, 10.0, "how often a scheduler writes changed config entries of its shards' "
+            "schedules to the store", lo=0.1, hi=86_400.0, unit="s"),
+    Setting("schedule_catch_up_max", int, 100, "misfire `\"each\"`: most missed occurrences of one schedule run "
+            "after an outage (the latest)", lo=1, hi=100_000),
     Setting("rabbitmq_api_url", str, None, "RabbitMQ management API for `delayed doctor` (e.g. "
             "`http://guest:guest@127.0.0.1:15672`); `None` = the AMQP broker's host on port 15672 with its "
             "credentials", nullable=True),
@@ -163,7 +193,40 @@ SETTINGS_BY_KEY = {s.key: s for s in SETTINGS}
 
 
 def _is_redis_url(url: str) -> bool:
-    return urlsplit(url).scheme in ("redis", "rediss", "unix", "socket")
+    return urlsplit(url).scheme in ("redis", "rediss", "unix", "socket", "sentinel")
+
+
+def is_sentinel_url(url: str) -> bool:
+    """Whether ``url`` names Redis Sentinels (``sentinel://host:port;sentinel://host:port...``)."""
+    return url.startswith("sentinel://")
+
+
+def sentinel_hosts(url: str) -> list[tuple[str, int]]:
+    """The (host, port) of each Sentinel of a ``sentinel://`` URL (port 26379 when left out).
+
+    Raises:
+        ConfigurationError: a part is not ``sentinel://host[:port]`` (with an optional
+            ``user:password@`` and ``/db``).
+    """
+    hosts = []
+    for part in url.split(";"):
+        try:
+            p = urlsplit(part.strip())
+            port = p.port or 26379
+        except ValueError as exc:
+            raise ConfigurationError(f"bad Sentinel URL {_redact(part)!r} in delayed_redis_url: {exc}") from None
+        if p.scheme != "sentinel" or not p.hostname or not re.fullmatch(r"(/\d*)?", p.path):
+            raise ConfigurationError(
+                f"bad Sentinel URL {_redact(part)!r} in delayed_redis_url: every part must be "
+                "sentinel://host:port (or sentinel://:password@host:port/db), parts separated by ';' "
+                "(e.g. sentinel://10.0.0.1:26379;sentinel://10.0.0.2:26379)")
+        hosts.append((p.hostname, port))
+    return hosts
+
+
+def _redact(url: str) -> str:
+    p = urlsplit(url)
+    return url.replace(f":{p.password}@", ":***@") if p.password else url
 
 
 def broker_url(conf: Any) -> str:
@@ -184,7 +247,68 @@ def _redis_url(conf: Any, value: str | None) -> str:
             )
         return broker
     if not _is_redis_url(value):
-        raise ConfigurationError(f"delayed_redis_url must be a redis://, rediss:// or unix:// URL, got {value!r}")
+        raise ConfigurationError(
+            f"delayed_redis_url must be a redis://, rediss://, unix:// or sentinel:// URL, got {_redact(value)!r}")
+    return value
+
+
+#: Broker transport options that a Sentinel store takes from the broker (kombu's SentinelChannel).
+_SENTINEL_BROKER_OPTIONS = ("master_name", "sentinel_kwargs", "min_other_sentinels")
+
+
+def _redis_options(conf: Any, value: dict[str, Any] | None) -> dict[str, Any]:
+    """The store client's options: the setting, or (the store is the broker's Sentinel) the broker's."""
+    if value is not None:
+        return value
+    if conf.get("delayed_redis_url") is None and is_sentinel_url(broker_url(conf)):
+        opts = conf.broker_transport_options or {}
+        out = {k: opts[k] for k in _SENTINEL_BROKER_OPTIONS if k in opts}
+        ssl = conf.broker_use_ssl
+        if ssl:
+            out["ssl"] = True
+            if isinstance(ssl, dict):
+                out.update(ssl)
+        return out
+    return {}
+
+
+def _check_store(values: dict[str, Any]) -> None:
+    """Checks across settings: a Sentinel URL needs a master name, and wait_replicas a bound."""
+    url, opts = values["redis_url"], values["redis_options"]
+    if is_sentinel_url(url) and values.get("redis_cluster"):
+        raise ConfigurationError(
+            f"delayed_redis_cluster is set, but delayed_redis_url {_redact(url)!r} names Sentinels: a Redis Cluster "
+            "fails over by itself; give the URL of any cluster node (redis://host:port/0), or unset "
+            "delayed_redis_cluster to use the Sentinels")
+    if values.get("redis_cluster") and values.get("wait_replicas"):
+        raise ConfigurationError(
+            "delayed_wait_replicas is not supported with delayed_redis_cluster yet: WAIT must run on the master "
+            "that owns each job's slot, and celery-delayed sends it only on a single server or a Sentinel "
+            "master. Set delayed_wait_replicas = 0 on a cluster")
+    if is_sentinel_url(url):
+        sentinel_hosts(url)
+        if not isinstance(opts.get("master_name"), str) or not opts["master_name"]:
+            raise ConfigurationError(
+                f"delayed_redis_url {_redact(url)!r} names Sentinels: set delayed_redis_options = "
+                "{'master_name': '<the name the Sentinels monitor>'} (for the broker's own Sentinels, "
+                "broker_transport_options['master_name'] is used when delayed_redis_url is unset)")
+    elif opts:
+        unknown = set(opts) & {"master_name", "sentinel_kwargs", "min_other_sentinels"}
+        if unknown:
+            raise ConfigurationError(
+                f"delayed_redis_options has {sorted(unknown)}, which only a sentinel:// delayed_redis_url uses "
+                f"(it is {_redact(url)!r})")
+
+
+def _redis_cluster(conf: Any, value: bool) -> bool:
+    """A cluster has one database: refuse a store URL that names another."""
+    if value:
+        parts = urlsplit(conf.get("delayed_redis_url") or broker_url(conf))
+        db = parts.path.strip("/") or parse_qs(parts.query).get("db", ["0"])[0]
+        if db not in ("", "0"):
+            raise ConfigurationError(
+                f"delayed_redis_cluster is set, but delayed_redis_url names database {db!r}: a Redis Cluster "
+                "has database 0 only (use /0 or no database in the URL)")
     return value
 
 
@@ -206,7 +330,9 @@ def _non_empty(name: str) -> Callable[[Any, str | None], str | None]:
 #: Checks beyond type and bounds, by key.
 _EXTRA_CHECKS: dict[str, Callable[[Any, Any], Any]] = {
     "redis_url": _redis_url,
+    "redis_options": _redis_options,
     "key_prefix": _key_prefix,
+    "redis_cluster": _redis_cluster,
     "dlq_queue": _non_empty("dlq_queue"),
     "dlq_task": _non_empty("dlq_task"),
     "database_url": _non_empty("database_url"),
@@ -218,6 +344,10 @@ class DelayedConfig:
     """The validated ``delayed_*`` settings of one app (see :data:`SETTINGS`)."""
 
     redis_url: str
+    redis_options: dict[str, Any]
+    wait_replicas: int
+    wait_replicas_timeout_ms: int
+    redis_cluster: bool
     key_prefix: str
     shards: int
     bucket_ms: int
@@ -252,6 +382,10 @@ class DelayedConfig:
     intercept_min_delay_s: float
     metrics_port: int | None
     metrics_address: str
+    schedule: dict[str, Any] | None
+    import_beat_schedule: bool
+    schedule_sync_s: float
+    schedule_catch_up_max: int
     rabbitmq_api_url: str | None
 
     @property
@@ -268,6 +402,7 @@ class DelayedConfig:
     def defaults(cls, **overrides: Any) -> DelayedConfig:
         """A config with every default (``redis_url`` must be given), for tools and tests."""
         values = {s.key: s.default for s in SETTINGS}
+        values["redis_options"] = {}
         values.update(overrides)
         return cls(**values)
 
@@ -280,6 +415,7 @@ class DelayedConfig:
             value = setting.read(conf)
             extra = _EXTRA_CHECKS.get(setting.key)
             values[setting.key] = extra(conf, value) if extra is not None else value
+        _check_store(values)
         return cls(**values)
 
 

@@ -107,8 +107,36 @@ def store_findings(store: Store, *, http_timeout_s: float = 2.0) -> list[Finding
                 "(or all of them without one)",
                 "CONFIG SET appendonly yes (and appendonly yes in redis.conf), appendfsync everysec"))
     out.append(_skew(store))
+    out += _replication(store, health)
     out += _broker_timeouts(store, http_timeout_s)
     return out
+
+
+def _replication(store: Store, health: ServerHealth) -> list[Finding]:
+    """The store's replicas against ``delayed_wait_replicas`` (nothing for a lone server without it)."""
+    wanted = store.config.wait_replicas
+    try:
+        online = health.replicas()
+    except Exception as exc:  # an ACL user without INFO
+        return [Finding(UNCHECKED_LEVEL, "replication", f"{UNCHECKED}: {exc}")] if wanted else []
+    if wanted > online:
+        return [Finding(PROBLEM, "replication",
+                        f"delayed_wait_replicas is {wanted} but the store's master has {online} replica(s) online: "
+                        "every schedule, cancel and reschedule raises ReplicationTimeout",
+                        "start the replicas, or lower delayed_wait_replicas")]
+    if wanted and wanted == online:
+        return [Finding(WARNING, "replication",
+                        f"delayed_wait_replicas is {wanted} and the master has exactly {online} replica(s): after a "
+                        "failover the new master has one fewer, and writes raise ReplicationTimeout until a "
+                        "replica is back", f"run {wanted + 1} replicas or more")]
+    if wanted:
+        return [Finding(OK, "replication", f"{online} replica(s) online; writes wait for {wanted}")]
+    if online:
+        return [Finding(OK, "replication",
+                        f"{online} replica(s) online, replicated asynchronously: a failover can lose the writes "
+                        "acknowledged in the replication lag (delayed_wait_replicas makes writes wait; see "
+                        "Redis Sentinel in the README)")]
+    return []
 
 
 def _skew(store: Store) -> Finding:

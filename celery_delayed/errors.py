@@ -77,6 +77,20 @@ class StoreFull(StoreUnavailable):
     """
 
 
+class ReplicationTimeout(DelayedError):
+    """Fewer than ``delayed_wait_replicas`` replicas acknowledged a write in time (Redis ``WAIT``).
+
+    The write was made on the master and answered there; only its copy on
+    the replicas is not confirmed, so a failover now could lose it.
+    ``acked`` replicas had it, ``wanted`` were asked for.
+    """
+
+    def __init__(self, message: str, acked: int = 0, wanted: int = 0) -> None:
+        super().__init__(message)
+        self.acked = acked
+        self.wanted = wanted
+
+
 def raise_for(code: int, job_id: str, state: str, operation: str) -> None:
     """Raise the exception a script's negative reply code stands for (see :class:`~celery_delayed.vocab.Reply`).
 
@@ -117,3 +131,11 @@ class Unpublishable(DelayedError):
 
 class DatabaseUnavailable(DelayedError, ConnectionError):
     """The database of ``delayed_database_url`` could not be used; nothing was written anywhere."""
+
+
+class ScheduleNotFound(DelayedError, LookupError):
+    """No recurring schedule has that name (``celery_delayed.schedules``)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"no recurring schedule named {name!r}")
+        self.name = name

@@ -21,6 +21,7 @@ from typing import Any
 from celery import Celery
 
 from .store import get_store
+from .store.schedules import ScheduleRecords
 from .store.stats import COUNTERS, FleetStats, Snapshot
 
 logger = logging.getLogger("celery_delayed.metrics")
@@ -41,6 +42,8 @@ FAMILIES: tuple[tuple[str, str, str, str], ...] = (
     ("scheduler_shards", "gauge", "scheduler", "shards each live scheduler holds"),
     ("unowned_shards", "gauge", "", "shards no live scheduler holds (nothing releases their jobs)"),
     ("paused", "gauge", "scope, name", "1 per pause in force (scope all, task or queue)"),
+    ("recurring_schedules", "gauge", "state", "recurring schedules (`delayed_schedule` and run-time ones), "
+     "by state: active or paused"),
     *((f"{name}_total", "counter", "", meaning) for name, meaning in COUNTERS.items()),
     ("release_lateness_seconds", "histogram", "", "release time - due time of each released job"),
     ("start_lateness_seconds", "histogram", "", "worker start - due time of each started job"),
@@ -80,6 +83,21 @@ class StoreCollector:
         yield up
         helps = {name: meaning for name, _, _, meaning in FAMILIES}
         yield from _families(snap, helps, GaugeMetricFamily, CounterMetricFamily, HistogramMetricFamily)
+        yield _schedules(self.app, helps, GaugeMetricFamily)
+
+
+def _schedules(app: Celery, helps: dict[str, str], gauge: Any) -> Any:
+    """The recurring schedules, active and paused (read through the schedules' index)."""
+    rec = ScheduleRecords(get_store(app))
+    by_shard: dict[int, list[str]] = {}
+    for name in rec.index():
+        by_shard.setdefault(rec.shard_of(name), []).append(name)
+    stored = rec.read(by_shard) if by_shard else []
+    fam = gauge(PREFIX + "recurring_schedules", helps["recurring_schedules"], labels=["state"])
+    paused = sum(1 for s in stored if s.paused)
+    fam.add_metric(["active"], len(stored) - paused)
+    fam.add_metric(["paused"], paused)
+    return fam
 
 
 def _families(snap: Snapshot, helps: dict[str, str], gauge: Any, counter: Any, histogram: Any) -> Iterator[Any]:

@@ -68,6 +68,30 @@ class Reply(IntEnum):
     NO_MESSAGE = -4
 
 
+class ScheduleField:
+    """Names of a recurring schedule's fields (a Redis hash per schedule; ``store/schedules.py``)."""
+
+    NAME = "name"
+    #: the definition, JSON: task, spec, args, kwargs, options, timezone, misfire, skip_if_running
+    DEFINITION = "def"
+    #: 'config' (from ``delayed_schedule``) or 'api' (changed at run time)
+    SOURCE = "src"
+    #: hash of the config entry it came from (absent: added at run time)
+    CONFIG_HASH = "chash"
+    #: when the scheduler that wrote the config entry started, epoch ms (an older one never overwrites it)
+    CONFIG_SINCE = "csince"
+    #: bumped on every change of definition or pause: occurrence ids derive from it
+    VERSION = "ver"
+    #: random, set when the schedule is created: occurrence ids derive from it too
+    EPOCH = "epoch"
+    #: an interval's anchor, epoch ms (set once, when the schedule is first seen)
+    ORIGIN = "origin"
+    #: the cursor: occurrences exist for every fire time up to it, epoch ms
+    LAST = "last"
+    PAUSED = "paused"
+    UPDATED = "updated"
+
+
 class Field:
     """Names of the job record's fields (a Redis hash; the record schema is in ``store/records.py``)."""
 

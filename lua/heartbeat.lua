@@ -1,7 +1,7 @@
 --[[ heartbeat: keep a scheduler's membership alive, drop expired members.
 
 KEYS[1]  scheduler set     {p}:schedulers (owner token -> membership deadline, ms)
-KEYS[2]  their settings    {p}:schedulers:settings (owner token -> the settings
+KEYS[2]  their settings    {p}:{{p}:schedulers}:settings (owner token -> the settings
          every scheduler of the store must share, "name=value;...")
 ARGV[1]  now, epoch ms ('' = the Redis server's TIME)
 ARGV[2]  owner token

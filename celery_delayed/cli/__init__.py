@@ -3,7 +3,8 @@
 Sub-commands: ``run`` and ``status`` (:mod:`.scheduler`); ``list``, ``show``
 and ``cancel`` (:mod:`.jobs`); ``dlq list | show | requeue | purge``
 (:mod:`.dlq`); ``db init`` and ``reconcile`` (:mod:`.durability`); ``pause``, ``resume``, ``promote``,
-``doctor`` (:mod:`.ops`); ``web`` (:mod:`.web`). Every command prints one clear line and exits 1 on a
+``doctor`` (:mod:`.ops`); ``web`` (:mod:`.web`); ``schedules list | show | add | remove | pause |
+resume | run-now`` (:mod:`.schedules`). Every command prints one clear line and exits 1 on a
 celery-delayed error (bad settings, store unreachable or full, no such job).
 
 The ``celery`` command imports this module to load the ``delayed`` group; that
@@ -15,9 +16,9 @@ and every app it loads is installed).
 from __future__ import annotations
 
 from ..plugin import register_with_celery
-from . import dlq, durability, jobs, ops, scheduler, web
+from . import dlq, durability, jobs, ops, scheduler, schedules, web
 from ._common import delayed
 
-__all__ = ["delayed", "dlq", "durability", "jobs", "ops", "scheduler", "web"]
+__all__ = ["delayed", "dlq", "durability", "jobs", "ops", "scheduler", "schedules", "web"]
 
 register_with_celery()

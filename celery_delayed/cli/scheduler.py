@@ -15,6 +15,7 @@ from celery import Celery
 from ..config import get_config
 from ..errors import StoreUnavailable
 from ..store import ServerHealth, ShardStatus, Store, get_store
+from ..store.schedules import ScheduleRecords
 from ._common import app_of, delayed, errors, fmt_ms
 
 
@@ -85,12 +86,23 @@ def status(ctx: click.Context, as_json: bool) -> None:
         fallbacks = status.eta_fallbacks()
         # Live members only: a dead scheduler's entry stays until a heartbeat drops it.
         members = store.live_members()
-        warnings = ServerHealth(store).warnings()
+        health = ServerHealth(store)
+        warnings = health.warnings()
+        try:
+            replication = health.replication()
+            where = health.replication_line()
+        except Exception:  # INFO refused (an ACL user): said by the warnings
+            replication, where = None, ""
         mirror = _mirror_lag(store) if store.config.database_url else None
         paused = store.pauses()
+        recurring = ScheduleRecords(store).all()
+    scheds = {"count": len(recurring), "paused": sum(1 for r in recurring if r.paused)}
+    path, why = store.release_path
     if as_json:
         click.echo(json.dumps({"shards": rows, "schedulers": members, "warnings": warnings, "mirror": mirror,
-                               "eta_fallbacks": fallbacks.as_dict(), "paused": paused}))
+                               "eta_fallbacks": fallbacks.as_dict(), "paused": paused, "schedules": scheds,
+                               "replication": replication, "release_path": path, "release_path_reason": why,
+                               "cluster": store.config.redis_cluster}))
         return
     click.echo(f"{'shard':>5} {'pending':>9} {'overdue':>8} {'inflight':>8}  next due / oldest overdue")
     for r in rows:
@@ -101,7 +113,10 @@ def status(ctx: click.Context, as_json: bool) -> None:
     overdue = sum(r["overdue"] for r in rows)
     firsts = [r["next_due_ms"] for r in rows if r["next_due_ms"] is not None]
     click.echo(f"total: {total} pending, {overdue} overdue, next due {fmt_ms(min(firsts) if firsts else None)}, "
-               f"{len(members)} scheduler(s) {' '.join(members)}")
+               f"{len(members)} scheduler(s) {' '.join(members)}".rstrip()
+               + f"; release path: {path} ({why})")
+    if where:
+        click.echo(where)
     if mirror is not None:
         lag = mirror["lag_s"]
         click.echo(f"database mirror: {mirror['pending_changes']} change(s) not yet applied"
@@ -110,6 +125,9 @@ def status(ctx: click.Context, as_json: bool) -> None:
         click.echo(f"eta fallbacks: {fallbacks.count} delayed send(s) went to the broker as ETA messages, "
                    f"not the store; last at {fmt_ms(fallbacks.last_ms)}: {fallbacks.last_task}: "
                    f"{fallbacks.last_reason}")
+    if recurring:
+        click.echo(f"recurring: {scheds['count']} schedule(s), {scheds['paused']} paused "
+                   "(delayed schedules list)")
     if paused:
         click.echo("paused: " + ", ".join(f"{flag} (since {fmt_ms(since)})" for flag, since in sorted(paused.items())))
     for w in warnings:

@@ -2,11 +2,14 @@
 
 One process (``celery -A proj delayed run``) or a thread in a worker
 (``celery -A proj worker --delayed``). Several may run side by side: each
-heartbeats a membership lease; the live members split the shards between
-them (``rebalance.lua``), and a dead member's shards move to the others once
-its lease runs out. The loop never polls blindly: it sleeps until the
-earliest due time of its shards, or its next heartbeat, and a job scheduled
-earlier than that wakes it through pub/sub (see :mod:`.wakeup`).
+heartbeats a membership lease, computes from the live members which shards
+it should hold (:func:`share`: the same answer in every member) and takes,
+keeps or gives up each shard's own lease (``shard_lease.lua``: one slot per
+call, so this runs on Redis Cluster). A dead member's shards move to the
+others once their leases run out; a leaving member gives them up at once.
+The loop never polls blindly: it sleeps until the earliest due time of its
+shards, or its next heartbeat, and a job scheduled earlier than that wakes it
+through pub/sub (see :mod:`.wakeup`).
 """
 
 from __future__ import annotations
@@ -24,10 +27,12 @@ from kombu.exceptions import OperationalError
 
 from ..config import get_config
 from ..doctor import PROBLEM, store_findings
-from ..errors import ConfigurationError, LeaseLost, StoreFull, StoreUnavailable
+from ..errors import ConfigurationError, DelayedError, LeaseLost, StoreFull, StoreUnavailable
+from ..schedules import config_entries
 from ..store import Store
 from .maintenance import Maintenance
 from .mover import Mover, make_mover
+from .recurring import Recurrer
 from .wakeup import WakeListener
 
 logger = logging.getLogger("celery_delayed.scheduler")
@@ -38,6 +43,19 @@ logger = logging.getLogger("celery_delayed.scheduler")
 _TRANSIENT = (StoreUnavailable, OperationalError, OSError)
 _MAX_BACKOFF_S = 5.0
 _INF = float("inf")
+
+
+def share(members: list[str], owner: str, shards: int) -> set[int]:
+    """The shards ``owner`` should hold: shard i goes to the (i mod M)-th of the M sorted live members.
+
+    Every member computes the same split from the same membership, and none
+    holds more than its fair share plus one (``ceil(shards / M)``).
+    """
+    live = sorted(members)
+    if owner not in live:
+        return set()
+    k, m = live.index(owner), len(live)
+    return set(range(k, shards, m))
 
 
 def scheduler_token() -> str:
@@ -85,7 +103,6 @@ class Scheduler:
         self._wake = threading.Event()
         self._lock = threading.Lock()
         self._next_heartbeat = 0.0  # time.monotonic() of the next heartbeat
-        self._rebalance_needed = True
         self._joined = False
         self._checked = False
         #: the error that stopped the scheduler for good (a setting that disagrees with the store's)
@@ -95,6 +112,7 @@ class Scheduler:
         self._woken: dict[int, float] = {}
         self._listener = WakeListener(store, self._on_due, self._on_members, self._wake_all)
         self.maintenance: Maintenance | None = None
+        self.recurrer: Recurrer | None = None
 
     # -- clock -----------------------------------------------------------------
 
@@ -119,7 +137,6 @@ class Scheduler:
     def _on_members(self, owner: str) -> None:
         if owner != self.owner:
             self._next_heartbeat = 0.0
-            self._rebalance_needed = True
             self._wake.set()
 
     def _wake_all(self) -> None:
@@ -133,18 +150,11 @@ class Scheduler:
     # -- membership ----------------------------------------------------------------
 
     def _heartbeat(self) -> None:
-        # Read and reset the requests first: a notice that arrives during the
-        # round trip asks again instead of being overwritten.
+        """Renew the membership, then take, keep or give up shard leases to match the live members."""
         self._next_heartbeat = time.monotonic() + self.heartbeat_s
-        forced, self._rebalance_needed = self._rebalance_needed, False
-        try:
-            now, members = self.store.heartbeat(self.owner)
-            self._observe(now)
-            if members != self.members or not self.shards or forced:
-                self._rebalance(members)
-        except Exception:
-            self._rebalance_needed = self._rebalance_needed or forced
-            raise
+        now, members = self.store.heartbeat(self.owner)
+        self._observe(now)
+        self._hold(members)
         if len(members) > 1:
             self._watch_members()
         if not self._joined:
@@ -170,25 +180,50 @@ class Scheduler:
         except Exception:
             logger.debug("announcing the membership change failed", exc_info=True)
 
-    def _rebalance(self, members: list[str]) -> None:
-        shards = self.store.rebalance(self.owner)
+    def _hold(self, members: list[str]) -> None:
+        """Hold this member's share of the shards (every heartbeat: it renews their leases too).
+
+        A wanted shard whose lease another member still holds is tried again
+        the moment that lease runs out (or when its holder, giving it up,
+        announces it); shards given up are announced, so their new holder
+        takes them at once.
+        """
         with self._lock:
-            gained = set(shards) - set(self.shards)
-            lost = set(self.shards) - set(shards)
-            self.shards = shards
+            before = dict(self.shards)
+        wanted = share(members, self.owner, self.config.shards)
+        give = set(before) - wanted
+        held, waits = self.store.hold_shards(self.owner, wanted, give)
+        with self._lock:
+            gained = set(held) - set(self.shards)
+            lost = set(before) - set(held)
+            self.shards = held
             for s in gained:
                 self.next_due[s] = 0.0  # look at it now
             for s in lost:
                 self.next_due.pop(s, None)
                 self._woken.pop(s, None)
         self.members = members
+        if waits:
+            retry_s = min(waits.values()) / 1000.0 + 0.02
+            self._next_heartbeat = min(self._next_heartbeat, time.monotonic() + retry_s)
+        if give:
+            self._announce()
         if gained or lost:
             logger.info(
-                "scheduler %s holds %d shard(s) of %d with %d member(s)%s%s",
-                self.owner, len(shards), self.config.shards, len(members),
+                "scheduler %s holds %d shard(s) of %d with %d member(s)%s%s%s",
+                self.owner, len(held), self.config.shards, len(members),
                 f"; gained {sorted(gained)}" if gained else "",
                 f"; lost {sorted(lost)}" if lost else "",
+                f"; waiting for {len(waits)}" if waits else "",
             )
+
+    def _give_up(self) -> None:
+        """Give every held shard's lease back (a clean stop: the others take them at once)."""
+        with self._lock:
+            held, self.shards = list(self.shards), {}
+            self.next_due.clear()
+        if held:
+            self.store.hold_shards(self.owner, (), held)
 
     # -- releasing -------------------------------------------------------------------
 
@@ -228,7 +263,6 @@ class Scheduler:
                 self.shards.pop(shard, None)
                 self.next_due.pop(shard, None)
             self._next_heartbeat = 0.0  # re-read the membership now
-            self._rebalance_needed = True
             return 0
         self._observe(batch.now_ms)
         self.batches += 1
@@ -258,6 +292,11 @@ class Scheduler:
         with self._lock:
             return sorted(self.shards)
 
+    def held_fences(self) -> dict[int, str]:
+        """The shards this scheduler holds now, with their lease fences."""
+        with self._lock:
+            return dict(self.shards)
+
     def _start_maintenance(self) -> None:
         """The mirror, the outbox sweep and the reconciler, in a thread of their own."""
         rows = None
@@ -276,10 +315,17 @@ class Scheduler:
         Raises:
             ConfigurationError: this scheduler's settings disagree with the
                 store's layout or with the schedulers already running: it must
-                not join (it would take shards it cannot serve).
+                not join (it would take shards it cannot serve); or an entry of
+                ``delayed_schedule`` is wrong.
             StoreUnavailable: Redis cannot be reached (the loop tries again).
         """
         self.store.check_fleet()
+        try:
+            config_entries(self.app)  # recurring schedules: a bad entry stops the scheduler with its message
+        except DelayedError as exc:
+            if isinstance(exc, StoreUnavailable):
+                raise
+            raise ConfigurationError(f"delayed_schedule: {exc}") from exc
         if self.config.database_url:
             from ..sql.rows import get_rows  # SQLAlchemy is an optional extra
 
@@ -303,6 +349,9 @@ class Scheduler:
             self.preflight()
         if self.maintenance is None:
             self._start_maintenance()
+        if self.recurrer is None:  # recurring schedules (scheduler/recurring.py)
+            self.recurrer = Recurrer(self.app, self.store, self.owner, self.held_fences)
+            self.recurrer.start()
         if time.monotonic() >= self._next_heartbeat:
             self._heartbeat()
         self.release_due()
@@ -350,13 +399,12 @@ class Scheduler:
             self._shutdown()
 
     def _recover(self) -> None:
-        """After an error: heartbeat and rebalance at once, then look at every shard.
+        """After an error: heartbeat and take the shards again at once, then look at every shard.
 
         Redis may have restarted without its data (leases gone), and jobs may
         have been scheduled while the listener was not subscribed.
         """
         self._next_heartbeat = 0.0
-        self._rebalance_needed = True
         self._wake_all()
         self._wake.clear()  # sleep the back-off first
         try:
@@ -367,9 +415,12 @@ class Scheduler:
     def _shutdown(self) -> None:
         if self.maintenance is not None:
             self.maintenance.stop()
+        if self.recurrer is not None:
+            self.recurrer.stop()
         if self._joined:
             try:
                 self.store.heartbeat(self.owner, leave=True)  # hand the shards over at once
+                self._give_up()
                 self._announce()
             except Exception:
                 logger.debug("leaving the scheduler set failed", exc_info=True)

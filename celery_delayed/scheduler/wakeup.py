@@ -4,7 +4,7 @@
 ``"<shard>:<due_ms>"`` on ``{prefix}:wake`` when a job is due earlier than the
 shard's known next due time, so a sleeping scheduler releases it on time
 without polling. Schedulers also publish ``"members|<owner>"`` there when they
-join or leave, so the others rebalance the shards at once instead of at their
+join or leave, so the others take or give up shards at once instead of at their
 next heartbeat. The subscription itself is the store's
 (:meth:`Store.subscribe_wake <celery_delayed.store.Store.subscribe_wake>`).
 """

@@ -31,7 +31,7 @@ from typing import Any
 
 from celery import Celery
 
-from ..errors import ConfigurationError, DelayedError, DuplicateJob, StoreUnavailable
+from ..errors import ConfigurationError, DelayedError, DuplicateJob, ReplicationTimeout, StoreUnavailable
 from ..producer.jobs import Prepared
 from ..result import DelayedResult
 from ..store import NewJob, Store
@@ -131,6 +131,10 @@ def _index(store: Store, jobs: Sequence[NewJob]) -> bool:
         return True
     try:
         store.schedule(jobs)
+        return True
+    except ReplicationTimeout as exc:  # indexed on the master; the row is the job, the reconciler re-indexes
+        logger.warning("%d job(s) indexed in Redis without the replicas' acknowledgement (%s): their rows "
+                       "keep them, and the reconciler indexes them again if a failover loses them", len(jobs), exc)
         return True
     except StoreUnavailable as exc:
         logger.warning("%d job(s) are in the database but not yet in Redis (%s): the scheduler indexes them "

@@ -28,8 +28,8 @@ from urllib.parse import urlsplit
 from kombu.transport.redis import Channel as RedisChannel
 from kombu.transport.virtual.base import Channel as VirtualChannel
 
-from ..config import DelayedConfig, broker_url
-from ..errors import InvalidOption
+from ..config import DelayedConfig, broker_url, is_sentinel_url, sentinel_hosts
+from ..errors import ConfigurationError, InvalidOption
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,15 @@ class Route:
 
 
 def same_redis(a: str, b: str) -> bool:
-    """Whether two Redis URLs name the same server and database."""
+    """Whether two Redis URLs name the same server and database.
+
+    Two ``sentinel://`` URLs do when they list the same Sentinels and
+    database (the caller compares the master names, which are options).
+    """
+    if is_sentinel_url(a) or is_sentinel_url(b):
+        if not (is_sentinel_url(a) and is_sentinel_url(b)):
+            return False
+        return set(sentinel_hosts(a)) == set(sentinel_hosts(b)) and _db(a.split(";")[0]) == _db(b.split(";")[0])
     pa, pb = urlsplit(a), urlsplit(b)
     if pa.scheme in ("unix", "socket") or pb.scheme in ("unix", "socket"):
         return pa.path == pb.path
@@ -60,6 +68,10 @@ def same_redis(a: str, b: str) -> bool:
         and (pa.port or 6379) == (pb.port or 6379)
         and db(pa) == db(pb)
     )
+
+
+def _db(url: str) -> str:
+    return (urlsplit(url).path or "/0").lstrip("/") or "0"
 
 
 @dataclass(frozen=True)
@@ -83,9 +95,18 @@ class BrokerLayout:
     def from_app(cls, app: Any, config: DelayedConfig) -> BrokerLayout:
         """Read the app's ``broker_transport_options`` and decide the release path."""
         opts = app.conf.broker_transport_options or {}
-        if config.release_mode == "auto":
+        if config.redis_cluster:  # kombu cannot use a cluster: the release script cannot push onto its lists
+            if config.release_mode == "direct":
+                raise ConfigurationError(
+                    "delayed_release_mode is 'direct', but the store is a Redis Cluster (delayed_redis_cluster): "
+                    "kombu cannot read queues from a cluster, so release publishes to the broker. Use "
+                    "delayed_release_mode 'auto' or 'publish'")
+            direct = False
+        elif config.release_mode == "auto":
             broker = broker_url(app.conf)
             direct = bool(broker) and same_redis(broker, config.redis_url)
+            if direct and is_sentinel_url(broker):  # the same Sentinels: the same master group too?
+                direct = opts.get("master_name") == config.redis_options.get("master_name")
         else:
             direct = config.release_mode == "direct"
         return cls(

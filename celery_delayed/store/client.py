@@ -11,29 +11,48 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable
-from typing import Any, TypeVar
+import re
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
 
 import redis
-from redis.backoff import ExponentialBackoff
-from redis.exceptions import BusyLoadingError, OutOfMemoryError, ReadOnlyError
+from redis.backoff import ExponentialBackoff, NoBackoff
+from redis.cluster import RedisCluster
+from redis.exceptions import (
+    BusyLoadingError,
+    ClusterDownError,
+    ClusterError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    RedisClusterException,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
+from redis.sentinel import MasterNotFoundError, Sentinel
 
+from ..config import is_sentinel_url, sentinel_hosts
 from ..errors import DelayedError, StoreFull, StoreUnavailable
 
-#: redis-py errors that mean "the store cannot be used right now".
-UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, BusyLoadingError, ReadOnlyError)
+#: redis-py errors that mean "the store cannot be used right now" (on a cluster: still so after
+#: redis-py's own retries, which follow MOVED/ASK and a failover to a replica).
+UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, BusyLoadingError, ReadOnlyError,
+               ClusterDownError, SlotNotCoveredError, TryAgainError, ClusterError)
 
 
 def redact(url: str) -> str:
-    """``url`` with its password replaced by ``***``."""
-    parts = urlsplit(url)
-    if parts.password:
-        return url.replace(f":{parts.password}@", ":***@")
-    return url
+    """``url`` with its password replaced by ``***`` (in each part of a ``sentinel://a;sentinel://b`` URL)."""
+    out = []
+    for part in url.split(";"):
+        try:
+            password = urlsplit(part).password
+        except ValueError:
+            password = None
+        out.append(part.replace(f":{password}@", ":***@") if password else part)
+    return ";".join(out)
 
 
 def translate(exc: Exception, url: str) -> DelayedError | None:
@@ -44,10 +63,19 @@ def translate(exc: Exception, url: str) -> DelayedError | None:
             f"written ({exc}). Release or purge jobs (`delayed status`, `delayed dlq purge`), raise "
             "maxmemory, or move the store to a larger Redis; keep maxmemory-policy noeviction"
         )
+    if isinstance(exc, MasterNotFoundError):  # redis-py's message lists every Sentinel client: say it short
+        why = sorted(set(re.findall(r" - [^ ]+?:(\w+)", str(exc))))
+        return StoreUnavailable(
+            f"cannot reach the celery-delayed store at {redact(url)}: no Sentinel named its master "
+            f"({', '.join(why) or str(exc).split(':')[0]}); nothing was written. Check that the Sentinels run "
+            "and monitor delayed_redis_options['master_name'], and their password (delayed_redis_options"
+            "['sentinel_kwargs'])"
+        )
     if isinstance(exc, UNAVAILABLE):
         # Refused or timed out while connecting: the command never left. Lost while
         # reading the reply: it may have run (a frozen server wakes up and runs it).
-        sent = "connecting" not in str(exc).lower() and not isinstance(exc, (BusyLoadingError, ReadOnlyError))
+        sent = "connecting" not in str(exc).lower() and not isinstance(
+            exc, (BusyLoadingError, ReadOnlyError, ClusterDownError, SlotNotCoveredError, TryAgainError))
         outcome = (
             "the command may have reached Redis, so it may or may not have been written; calling "
             "again with the same task_id (DuplicateJob: it was) or idempotency_key is safe"
@@ -82,31 +110,115 @@ def _wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             return fn(self, *args, **kwargs)
-        except (RedisConnectionError, RedisTimeoutError, BusyLoadingError, ReadOnlyError, OutOfMemoryError) as exc:
+        except (*UNAVAILABLE, OutOfMemoryError) as exc:
             err = translate(exc, self.url)
             if err is None:  # pragma: no cover - every caught type translates
                 raise
             raise err from exc
+        except RedisClusterException as exc:
+            if not is_unreachable(exc):
+                raise
+            raise StoreUnavailable(f"cannot reach the celery-delayed store (Redis Cluster at "
+                                   f"{redact(self.url)}): {exc}") from exc
 
     return wrapper
 
 
-def make_client(url: str, *, fail_fast: bool = False, health_check_interval: int = 30) -> redis.Redis:
+def is_unreachable(exc: RedisClusterException) -> bool:
+    """True when redis-py's cluster client gave up finding a reachable node (not a usage error)."""
+    return "cannot be connected" in str(exc) or "reachable" in str(exc)
+
+
+def is_cluster(client: Any) -> bool:
+    """True for redis-py's Redis Cluster client."""
+    return isinstance(client, RedisCluster)
+
+
+def make_client(
+    url: str, *, options: Mapping[str, Any] | None = None, fail_fast: bool = False, health_check_interval: int = 30,
+    cluster: bool = False,
+) -> redis.Redis:
     """A redis-py client for the store at ``url`` (replies decoded as str).
+
+    ``options`` (``delayed_redis_options``) go to the client's connections;
+    with a ``sentinel://`` URL, ``master_name``, ``sentinel_kwargs`` and
+    ``min_other_sentinels`` go to :class:`redis.sentinel.Sentinel` (see
+    :func:`sentinel_client`).
 
     ``fail_fast`` is for scheduler threads: redis-py's default retries a
     failed command several times with growing back-off; a scheduler does its
     own back-off and must stay responsive to SIGTERM while Redis is down, so
     a command is retried once, quickly (to replace a connection that a Redis
     restart broke).
+
+    ``cluster``: ``url`` names any node of a Redis Cluster; the client is
+    redis-py's :class:`~redis.cluster.RedisCluster` (typed as ``redis.Redis``
+    for the store, which calls only commands both have). It follows MOVED and
+    ASK and, on a failover, reloads the slot map and retries.
+
+    Raises:
+        StoreUnavailable: on a cluster, no node of it could be reached (the
+            cluster client reads the slot map when it is made).
     """
-    if not fail_fast:
-        return redis.Redis.from_url(url, decode_responses=True, health_check_interval=health_check_interval)
-    return redis.Redis.from_url(
-        url,
-        decode_responses=True,
-        health_check_interval=health_check_interval,
-        socket_connect_timeout=2,
-        socket_timeout=10,
-        retry=Retry(ExponentialBackoff(cap=0.2, base=0.05), 1),
+    if cluster:
+        timeouts: dict[str, Any] = {"socket_connect_timeout": 2, "socket_timeout": 10} if fail_fast else {}
+        try:
+            return cast(redis.Redis, RedisCluster.from_url(
+                url, decode_responses=True, health_check_interval=health_check_interval,
+                **{**dict(options or {}), **timeouts}))
+        except (RedisClusterException, RedisConnectionError, RedisTimeoutError) as exc:
+            raise StoreUnavailable(
+                f"cannot reach the celery-delayed store (Redis Cluster at {redact(url)}): {exc}; nothing was "
+                "written. Check that the cluster is up and delayed_redis_url names one of its nodes") from exc
+    kwargs: dict[str, Any] = {"decode_responses": True, "health_check_interval": health_check_interval}
+    if fail_fast:
+        kwargs.update(socket_connect_timeout=2, socket_timeout=10,
+                      retry=Retry(ExponentialBackoff(cap=0.2, base=0.05), 1))
+    if is_sentinel_url(url):
+        return sentinel_client(url, dict(options or {}), kwargs)
+    return redis.Redis.from_url(url, **{**dict(options or {}), **kwargs})
+
+
+def close_client(client: redis.Redis) -> None:
+    """Close a client made by :func:`make_client` (and its Sentinel connections, for a Sentinel URL)."""
+    try:
+        client.close()
+    finally:
+        manager = getattr(client.connection_pool, "sentinel_manager", None)
+        if manager is not None:
+            manager.close()
+
+
+def sentinel_client(url: str, options: dict[str, Any], kwargs: dict[str, Any]) -> redis.Redis:
+    """A client of the master that the Sentinels of ``url`` name ``options["master_name"]``.
+
+    As kombu's ``SentinelChannel`` for the broker: the URL lists the
+    Sentinels (``sentinel://[user:password@]host:port[/db];sentinel://...``);
+    the first part's credentials and database are the master's; the
+    Sentinels' own (``password``, ``ssl`` ...) go in ``sentinel_kwargs``.
+    Every connection of the client's pool (the per-thread lanes and pub/sub
+    subscriptions included) asks the Sentinels for the master when it
+    connects, and drops itself when the server it reaches answers READONLY
+    (a demoted master): after a failover, the next command goes to the
+    promoted replica, without a restart.
+    """
+    first = urlsplit(url.split(";")[0].strip())
+    db = (first.path or "/0").lstrip("/") or "0"
+    conn: dict[str, Any] = {**options, **kwargs, "db": int(db) if db.isdigit() else 0}
+    master_name = conn.pop("master_name")
+    sentinel_kwargs = conn.pop("sentinel_kwargs", None)
+    min_other = int(conn.pop("min_other_sentinels", 0))
+    if first.username:
+        conn.setdefault("username", first.username)
+    if first.password:
+        conn.setdefault("password", first.password)
+    # One try per Sentinel and per discovery: the client asks the next Sentinel itself, and the
+    # command's own retries ask them all again (redis-py's default of 3 retries with back-off
+    # per Sentinel made one failed discovery take about 25 s with three Sentinels).
+    ask = {"socket_connect_timeout": 2, "socket_timeout": 5, "retry": Retry(NoBackoff(), 0)}
+    sentinels = Sentinel(  # type: ignore[no-untyped-call]
+        sentinel_hosts(url), min_other_sentinels=min_other, sentinel_kwargs={**ask, **(sentinel_kwargs or {})},
     )
+    client: redis.Redis = sentinels.master_for(  # type: ignore[no-untyped-call]
+        master_name, redis_class=redis.Redis, **conn)
+    return client

@@ -23,12 +23,20 @@ import redis
 from celery import Celery
 from redis.exceptions import NoScriptError, ResponseError
 
-from ..config import DelayedConfig, broker_url, get_config
-from ..errors import ConfigurationError, InvalidOption, InvalidState, JobNotFound, LeaseLost, raise_for
+from ..config import DelayedConfig, broker_url, get_config, is_sentinel_url
+from ..errors import (
+    ConfigurationError,
+    InvalidOption,
+    InvalidState,
+    JobNotFound,
+    LeaseLost,
+    ReplicationTimeout,
+    raise_for,
+)
 from ..vocab import ETA_FALLBACK_LAST, ETA_FALLBACKS, Field, JobState, Reply
 from . import compact
 from .broker_layout import BrokerLayout, same_redis
-from .client import make_client, translate_errors
+from .client import close_client, make_client, redact, translate_errors
 from .compact import Template
 from .keys import Keys, ShardKeys, index_part, parse_index_part, shard_for
 from .lane import Lanes
@@ -80,12 +88,13 @@ class Store:
         self.app = app
         self.config = config or get_config(app)
         self.url = self.config.redis_url
-        self.client: redis.Redis = client or make_client(self.url, fail_fast=fail_fast)
+        self._fail_fast = fail_fast
+        self._client: redis.Redis | None = client
         self.keys = Keys(self.config.key_prefix)
         self.broker = BrokerLayout.from_app(app, self.config)
         self._layout_ok = False
         self._scripts: Scripts | None = None
-        self._lanes = Lanes(self.client)
+        self._lanes_of: Lanes | None = None
         #: (shard, template id) this store sent to the server (compact records)
         self._templates_sent: set[tuple[int, str]] = set()
         #: templates read back from the server, by id (a template never changes: its id is its digest)
@@ -120,22 +129,73 @@ class Store:
         """True on the direct release path (the broker is Redis on the store's server)."""
         return self.broker.direct
 
+    @property
+    def client(self) -> redis.Redis:
+        """The redis-py client, made on first use (a cluster client reads the slot map then).
+
+        Raises:
+            StoreUnavailable: on Redis Cluster, no node could be reached (tried again on the next use).
+        """
+        if self._client is None:
+            self._client = make_client(self.url, options=self.config.redis_options, fail_fast=self._fail_fast,
+                                       cluster=self.config.redis_cluster)
+        return self._client
+
+    @property
+    def _lanes(self) -> Lanes:
+        if self._lanes_of is None:
+            self._lanes_of = Lanes(self.client)
+        return self._lanes_of
+
+    @property
+    def release_path(self) -> tuple[str, str]:
+        """("direct" or "publish", why): the release path this store's scheduler takes (``delayed status``)."""
+        mode = self.config.release_mode
+        if self.config.redis_cluster:
+            return "publish", "the store is a Redis Cluster: kombu cannot read queues from one"
+        if self.direct:
+            return "direct", ("the broker is Redis on the store's server" if mode == "auto"
+                              else "delayed_release_mode = 'direct'")
+        return "publish", ("the broker is not the store's Redis" if mode == "auto"
+                           else "delayed_release_mode = 'publish'")
+
     # -- plumbing ----------------------------------------------------------------
 
     def _run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Any:
         return script(self.client, keys, args)
 
-    def _run_many(self, script: Script, calls: Sequence[tuple[Sequence[str], Sequence[Arg]]]) -> list[Any]:
-        """Run one script several times in one round trip (a pipeline), loading it if needed."""
-        if len(calls) == 1:
+    def _run_acked(self, script: Script, keys: Sequence[str], args: Sequence[Arg], what: str) -> Any:
+        """Run a write the caller is told about: with ``delayed_wait_replicas``, wait for the replicas."""
+        if not self.config.wait_replicas:
+            return self._run(script, keys, args)
+        return self._run_many(script, [(keys, args)], wait=what)[0]
+
+    def _run_many(
+        self, script: Script, calls: Sequence[tuple[Sequence[str], Sequence[Arg]]], wait: str = "",
+    ) -> list[Any]:
+        """Run one script several times in one round trip (a pipeline), loading it if needed.
+
+        ``wait`` (what the calls do, for the error message): with
+        ``delayed_wait_replicas``, the pipeline ends with ``WAIT`` on the same
+        connection, so the reply comes once that many replicas have the writes
+        (:class:`~celery_delayed.errors.ReplicationTimeout` when they have
+        not within ``delayed_wait_replicas_timeout_ms``).
+        """
+        replicas = self.config.wait_replicas if wait else 0
+        if len(calls) == 1 and not replicas:
             return [self._run(script, *calls[0])]
         results: list[Any] = [None] * len(calls)
         todo = list(range(len(calls)))
+        waits: list[Any] = []  # the WAIT reply of each attempt that wrote something
         for _attempt in range(2):
             pipe = self.client.pipeline(transaction=False)
             for i in todo:
                 script.queue(pipe, *calls[i])
+            if replicas:
+                pipe.execute_command(  # type: ignore[no-untyped-call]
+                    "WAIT", replicas, self.config.wait_replicas_timeout_ms)
             replies = pipe.execute(raise_on_error=False)
+            waited = replies.pop() if replicas else None
             retry = []
             for i, reply in zip(todo, replies, strict=True):
                 if isinstance(reply, NoScriptError):
@@ -144,11 +204,27 @@ class Store:
                     raise reply
                 else:
                     results[i] = reply
+            if replicas and len(retry) < len(todo):
+                waits.append(waited)
             if not retry:
+                for waited in waits:
+                    self._check_replicas(waited, wait)
                 return results
             script.ensure_loaded(self.client)
             todo = retry
         raise RuntimeError(f"script {script.name} could not be loaded")
+
+    def _check_replicas(self, acked: Any, what: str) -> None:
+        if isinstance(acked, Exception):
+            raise acked
+        wanted, timeout = self.config.wait_replicas, self.config.wait_replicas_timeout_ms
+        if int(acked) < wanted:
+            raise ReplicationTimeout(
+                f"{what}: done on the master, but only {acked} of the {wanted} replicas of delayed_wait_replicas "
+                f"acknowledged it within {timeout} ms, so a failover now could lose it. Check the replicas "
+                "(INFO replication: connected_slaves, lag), raise delayed_wait_replicas_timeout_ms, or lower "
+                "delayed_wait_replicas; calling again with the same task_id is safe (the job is not doubled)",
+                int(acked), wanted)
 
     def check_layout(self) -> None:
         """Refuse a store created with other ``delayed_shards`` or ``delayed_bucket_ms``.
@@ -193,9 +269,22 @@ class Store:
         if self.config.release_mode != "direct":
             return
         broker = broker_url(self.app.conf)
-        if not broker or same_redis(broker, self.url):
+        if is_sentinel_url(broker):  # the same Sentinels, database and master name, or refused
+            theirs = (self.app.conf.broker_transport_options or {}).get("master_name")
+            same = same_redis(broker, self.url) and theirs == self.config.redis_options.get("master_name")
+            why = "" if same else "another Sentinel master (other Sentinels, database or master_name)"
+        elif not broker or same_redis(broker, self.url):
             return
-        why = ""
+        else:
+            why = self._other_server(broker)
+        if why:
+            raise ConfigurationError(
+                f"delayed_release_mode is 'direct', but the broker {redact(broker)!r} is {why} than "
+                f"the store's: the release script pushes onto the store server's lists, which no worker of this "
+                "broker reads. Use delayed_release_mode 'auto' or 'publish'")
+
+    def _other_server(self, broker: str) -> str:
+        """Why the Redis broker at ``broker`` is not the store's server and database ('' when it is)."""
         try:
             other = redis.Redis.from_url(broker, socket_connect_timeout=2, socket_timeout=5)
             try:
@@ -203,15 +292,9 @@ class Store:
             finally:
                 other.close()
             ours = self.client.info("server").get("run_id"), self.client.connection_pool.connection_kwargs.get("db", 0)
-            if theirs != ours:
-                why = "a different Redis server or database"
+            return "" if theirs == ours else "a different Redis server or database"
         except (ResponseError, ValueError) as exc:
-            why = f"not a Redis server this store can verify ({exc})"
-        if why:
-            raise ConfigurationError(
-                f"delayed_release_mode is 'direct', but the broker {broker_url(self.app.conf)!r} is {why} than "
-                f"the store's: the release script pushes onto the store server's lists, which no worker of this "
-                "broker reads. Use delayed_release_mode 'auto' or 'publish'")
+            return f"not a Redis server this store can verify ({exc})"
 
     def layout(self) -> dict[str, str]:
         """The ``shards`` and ``bucket_ms`` recorded when the store was created (empty: none yet); reads only."""
@@ -241,8 +324,12 @@ class Store:
 
     def close(self) -> None:
         """Close the client's connections (the store can be used again: they reopen)."""
+        if self._client is None:
+            return
         with contextlib.suppress(Exception):  # closing is best effort
-            self.client.close()
+            close_client(self._client)
+        if self.config.redis_cluster:  # a cluster client is made anew (with a fresh slot map)
+            self._client = self._lanes_of = None
 
     def _now(self, now_ms: int | None) -> str:
         """ARGV[1] of every script: an explicit time, the test clock (:attr:`clock`), or '' for the server's."""
@@ -302,7 +389,8 @@ class Store:
                     args += [job.id, job.due, *(job.fields.get(f, "") for f in own)]
             calls.append((keys, args))
             order.append((shard, idx))
-        replies = self._run_many(self.scripts.schedule, calls)
+        what = f"scheduling {len(jobs)} job{'s' if len(jobs) != 1 else ''}"
+        replies = self._run_many(self.scripts.schedule, calls, wait=what)
         for n, reply in enumerate(replies):
             tmpl = compact[n]
             if tmpl is None:
@@ -312,7 +400,7 @@ class Store:
                 keys, args = calls[n]
                 at = 6 + 2 * int(args[5])
                 args = [*args[:5], int(args[5]) + 1, *args[6:at], "~tpl", tmpl.text, *args[at:]]
-                replies[n] = self._run(self.scripts.schedule, keys, args)
+                replies[n] = self._run_acked(self.scripts.schedule, keys, args, what)
             self._templates_sent.add((shard, tmpl.tid))
         out: list[Scheduled | None] = [None] * len(jobs)
         for (shard, idx), reply in zip(order, replies, strict=True):
@@ -349,8 +437,9 @@ class Store:
         send_tpl = tmpl is not None and (shard, tmpl.tid) not in self._templates_sent
         for _ in range(2):
             extra = ["~tpl", tmpl.text] if send_tpl and tmpl is not None else []
-            reply = self._run(self.scripts.schedule_keyed, keys,
-                              [*head, (len(pairs) + len(extra)) // 2, *pairs, *extra])
+            reply = self._run_acked(self.scripts.schedule_keyed, keys,
+                                    [*head, (len(pairs) + len(extra)) // 2, *pairs, *extra],
+                                    f"scheduling job {job.id!r} ({mode} key {key!r})")
             if reply != ["!tpl"]:
                 break
             send_tpl = True  # the server has not got the template (first use, or it was lost)
@@ -476,10 +565,10 @@ class Store:
         """
         s = self.locate(job_id, shard)
         sk = self.keys.shard(s)
-        code, state = self._run(
+        code, state = self._run_acked(
             self.scripts.cancel, [sk.due, sk.buckets, sk.inflight, sk.job(job_id), sk.released, sk.changes],
             [self._now(now_ms), job_id, self.config.bucket_ms, self.config.record_ttl_ms, "1" if running else "",
-             self.logs_changes],
+             self.logs_changes], f"cancelling job {job_id!r}",
         )
         raise_for(code, job_id, state, "cancel")
         return str(state)
@@ -493,10 +582,10 @@ class Store:
         """
         s = self.locate(job_id, shard)
         sk = self.keys.shard(s)
-        code, state, new_due = self._run(
+        code, state, new_due = self._run_acked(
             self.scripts.reschedule, [sk.due, sk.buckets, sk.next, sk.job(job_id), sk.changes],
             [self._now(now_ms), job_id, due, self.config.bucket_ms, self.keys.wake, s, self.logs_changes,
-             self.config.record_ttl_ms],
+             self.config.record_ttl_ms], f"rescheduling job {job_id!r}",
         )
         raise_for(code, job_id, state, "reschedule")
         return int(new_due)
@@ -642,14 +731,31 @@ class Store:
                     "scheduler of one store must use the same delayed_lease_ms (stop the others first to change it)"
                 )
 
-    def rebalance(self, owner: str, now_ms: int | None = None) -> dict[int, str]:
-        """Hand the shards out over the live schedulers (``rebalance.lua``); return ``owner``'s shards and fences."""
-        n = self.config.shards
-        keys = [self.keys.schedulers]
-        keys += [self.keys.shard(s).lease for s in range(n)]
-        keys += [self.keys.shard(s).fence for s in range(n)]
-        reply = self._run(self.scripts.rebalance, keys, [self._now(now_ms), owner])
-        return {int(reply[i]): str(reply[i + 1]) for i in range(0, len(reply), 2)}
+    def hold_shards(
+        self, owner: str, take: Iterable[int], give: Iterable[int] = (), now_ms: int | None = None,
+    ) -> tuple[dict[int, str], dict[int, int]]:
+        """Take or keep the leases of shards ``take``, give up those of ``give`` (``shard_lease.lua``, one per shard).
+
+        One script call per shard (one slot each: this runs on Redis Cluster),
+        all in one round trip. A shard another live lease holds is not taken.
+
+        Returns ({shard: fence} of the ``take`` shards the caller holds now,
+        {shard: ms until its holder's lease runs out} of the others).
+        """
+        wanted, dropped = sorted(set(take)), sorted(set(give) - set(take))
+        calls: list[tuple[Sequence[str], Sequence[Arg]]] = []
+        for shard, ms in [(s, self.config.lease_ms) for s in wanted] + [(s, 0) for s in dropped]:
+            sk = self.keys.shard(shard)
+            calls.append(([sk.lease, sk.fence, sk.lease_until], [self._now(now_ms), owner, ms]))
+        held: dict[int, str] = {}
+        waits: dict[int, int] = {}
+        replies = self._run_many(self.scripts.shard_lease, calls) if calls else []
+        for shard, (code, fence, wait) in zip(wanted, replies, strict=False):
+            if int(code) == Reply.OK:
+                held[shard] = str(fence)
+            else:
+                waits[shard] = int(wait)
+        return held, waits
 
     def member_deadlines(self) -> list[tuple[str, float]]:
         """Every scheduler's membership deadline, epoch ms (expired ones included until a heartbeat drops them)."""
@@ -668,7 +774,9 @@ class Store:
 
     def subscribe_wake(self) -> WakeSubscription:
         """A new subscription to the wake channel (its own connection; see :class:`WakeSubscription`)."""
-        return WakeSubscription(make_client(self.url, fail_fast=True), self.keys.wake)
+        return WakeSubscription(
+            make_client(self.url, options=self.config.redis_options, fail_fast=True, cluster=self.config.redis_cluster),
+            self.keys.wake)
 
     # -- worker side: the execution ledger ----------------------------------------------
 
@@ -1113,5 +1221,5 @@ class WakeSubscription:
         try:
             self._pubsub.close()
         finally:
-            self._client.close()
+            close_client(self._client)
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from redis.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
-from .client import translate_errors
+from .client import is_cluster, translate_errors
 from .gateway import Store
 
 #: The only maxmemory policy under which Redis never drops a job's keys.
@@ -28,10 +29,52 @@ class ServerHealth:
         self.url = store.url
 
     def info(self) -> dict[str, Any]:
-        """``INFO memory`` and ``INFO persistence`` of the store's server."""
-        info: dict[str, Any] = dict(self.store.client.info("memory"))
-        info.update(self.store.client.info("persistence"))
-        return info
+        """``INFO memory`` and ``INFO persistence`` of the store's server.
+
+        On Redis Cluster every master is asked and the worst answer kept: an
+        evicting policy if any master has one, AOF off if it is off on any,
+        and the memory figures of the fullest master.
+        """
+        client = self.store.client
+        if not is_cluster(client):
+            info: dict[str, Any] = dict(client.info("memory"))
+            info.update(client.info("persistence"))
+            return info
+        return _worst(self.per_master())
+
+    def per_master(self) -> dict[str, dict[str, Any]]:
+        """On Redis Cluster: ``INFO memory`` and ``INFO persistence`` of each master, by node name."""
+        client: Any = self.store.client
+        mem = client.info("memory", target_nodes=RedisCluster.PRIMARIES)
+        per = client.info("persistence", target_nodes=RedisCluster.PRIMARIES)
+        return {str(n): {**mem[n], **per.get(n, {})} for n in mem}
+
+    def replicas(self) -> int:
+        """How many replicas of the store's server are online (``INFO replication``)."""
+        info = self.store.client.info("replication")
+        return sum(1 for k, v in info.items()
+                   if k.startswith("slave") and isinstance(v, dict) and v.get("state") == "online")
+
+    def replication(self) -> dict[str, Any]:
+        """Where the store is: ``sentinel`` (the master name, or None), ``master`` ("host:port" for a
+        Sentinel store: the one the Sentinels name now), ``replicas`` online, ``wait_replicas``."""
+        pool = self.store.client.connection_pool
+        name = self.store.config.redis_options.get("master_name") if hasattr(pool, "get_master_address") else None
+        master = None
+        if name is not None:
+            host, port = pool.get_master_address()  # type: ignore[attr-defined]
+            master = f"{host}:{port}"
+        return {"sentinel": name, "master": master, "replicas": self.replicas(),
+                "wait_replicas": self.store.config.wait_replicas}
+
+    def replication_line(self) -> str:
+        """One line for ``delayed status`` ('' for a lone server without Sentinel or ``delayed_wait_replicas``)."""
+        r = self.replication()
+        if r["sentinel"] is None and not r["replicas"] and not r["wait_replicas"]:
+            return ""
+        where = f"Sentinel master {r['sentinel']!r} at {r['master']}" if r["sentinel"] else "the store's server"
+        wait = f"; writes wait for {r['wait_replicas']}" if r["wait_replicas"] else "; replicated asynchronously"
+        return f"store: {where}, {r['replicas']} replica(s) online{wait}"
 
     def warnings(self) -> list[str]:
         """One line per problem found, each saying what to do; empty when all is well.
@@ -59,3 +102,22 @@ class ServerHealth:
                 "(StoreFull); release or purge jobs, or raise maxmemory"
             )
         return out
+
+
+def _fill(info: dict[str, Any]) -> float:
+    limit = int(info.get("maxmemory", 0))
+    return int(info.get("used_memory", 0)) / limit if limit else 0.0
+
+
+def _worst(per: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """One INFO view of several masters: the worst of each figure the checks read."""
+    infos = list(per.values())
+    if not infos:
+        return {}
+    fullest = sorted(infos, key=_fill)[-1]
+    out: dict[str, Any] = dict(fullest)
+    evicting = [str(i.get("maxmemory_policy")) for i in infos if i.get("maxmemory_policy") != SAFE_POLICY]
+    if evicting:
+        out["maxmemory_policy"] = evicting[0]
+    out["aof_enabled"] = min(int(i.get("aof_enabled", 0)) for i in infos)
+    return out

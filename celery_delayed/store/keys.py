@@ -11,6 +11,7 @@ so a script that touches one shard touches one slot::
     {prefix}:{<s>}:inflight            ZSET   job id -> claim deadline (publish path)
     {prefix}:{<s>}:lease               STRING "<owner>|<fence>" of the scheduler releasing it
     {prefix}:{<s>}:fence               STRING fencing counter, INCR on every hand-over
+    {prefix}:{<s>}:lease_until         STRING the lease's deadline, epoch ms (``shard_lease.lua``)
     {prefix}:{<s>}:job:<id>            HASH   the job record (see ``records.py``)
     {prefix}:{<s>}:tpl:<tid>           STRING a compact records' template, JSON (``compact.py``):
                                               expires after the latest due time of its
@@ -35,16 +36,23 @@ so a script that touches one shard touches one slot::
                                               key's first call came (``schedule_keyed.lua``)
     {prefix}:{<s>}:throttle:<key>      HASH   id, first: the job of a throttle key; expires
                                               with its window
+    {prefix}:{<s>}:scheds              SET    names of the recurring schedules of this shard
+                                              (a schedule's shard: crc32(name) % shards)
+    {prefix}:{<s>}:sched:<name>        HASH   a recurring schedule (``vocab.ScheduleField``)
+    {prefix}:{<s>}:occ:<name>          ZSET   its recent occurrences: job id -> fire time (ms)
 
-(the scripts derive the last five from the shard's base, ``{prefix}:{<s>}:``,
+(the scripts derive stats, ix, ixs, paused and held from the shard's base, ``{prefix}:{<s>}:``,
 of a key they are given: ``lua/includes/ops.lua``)
 
 and, outside any shard::
 
     {prefix}:schedulers                ZSET   scheduler owner token -> membership deadline
-    {prefix}:schedulers:settings       HASH   scheduler owner token -> the settings every
+    {prefix}:{{prefix}:schedulers}:settings
+                                       HASH   scheduler owner token -> the settings every
                                               scheduler must share ("lease_ms=30000")
     {prefix}:layout                    HASH   shards, bucket_ms: fixed when the store is created
+    {prefix}:schedules                 SET    names of every recurring schedule (the schedulers
+                                              read it every few seconds instead of each shard's)
     {prefix}:{reconcile}               STRING "<owner>|<fence>": the scheduler running the
                                               reconciler (a lease); :fence its counter
     {prefix}:wake                      PUBSUB "<shard>:<due_ms>" when a job is due earlier
@@ -84,13 +92,23 @@ class Keys:
 
     @property
     def scheduler_settings(self) -> str:
-        """The settings of each running scheduler (checked by a new one before it joins)."""
-        return f"{self.prefix}:schedulers:settings"
+        """The settings of each running scheduler (checked by a new one before it joins).
+
+        Its hash tag is the whole name of :attr:`schedulers`, so both are in one
+        Redis Cluster slot (``heartbeat.lua`` writes them together); it starts
+        with the prefix, so an ACL key pattern ``~<prefix>:*`` covers it.
+        """
+        return f"{self.prefix}:{{{self.prefix}:schedulers}}:settings"
 
     @property
     def layout(self) -> str:
         """HASH ``shards`` and ``bucket_ms`` the store was created with."""
         return f"{self.prefix}:layout"
+
+    @property
+    def schedules(self) -> str:
+        """Names of every recurring schedule (an index outside the shards, kept beside each shard's own set)."""
+        return f"{self.prefix}:schedules"
 
     @property
     def wake(self) -> str:
@@ -134,6 +152,10 @@ class ShardKeys:
         return f"{self.base}:fence"
 
     @property
+    def lease_until(self) -> str:
+        return f"{self.base}:lease_until"
+
+    @property
     def dlq(self) -> str:
         return f"{self.base}:dlq"
 
@@ -171,6 +193,19 @@ class ShardKeys:
     @property
     def index_parts(self) -> str:
         return f"{self.base}:ixs"
+
+    @property
+    def schedules(self) -> str:
+        """The names of the shard's recurring schedules."""
+        return f"{self.base}:scheds"
+
+    def schedule(self, name: str) -> str:
+        """A recurring schedule's hash."""
+        return f"{self.base}:sched:{name}"
+
+    def occurrences(self, name: str) -> str:
+        """A recurring schedule's recent occurrences (job id -> fire time)."""
+        return f"{self.base}:occ:{name}"
 
     def index(self, part: str) -> str:
         """The pending index of one ``index_part(task, queue)``."""

@@ -31,6 +31,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from .client import is_cluster
 from .loader import Arg, Script
 
 logger = logging.getLogger("celery_delayed.store")
@@ -110,6 +111,10 @@ class Lane:
             conn = self.client.connection_pool.make_connection()
             # A health check would read a pending reply as its PONG: the lane reconnects on errors instead.
             conn.health_check_interval = 0  # type: ignore[attr-defined]
+            # Connect now, through connect(): a Sentinel-managed connection asks the
+            # Sentinels for the master there (redis-py's send_command would connect
+            # to its default host instead).
+            conn.connect()  # type: ignore[no-untyped-call]
             self.conn = conn
         return self.conn
 
@@ -158,6 +163,33 @@ class Lane:
             sent.on_reply(reply)
 
 
+class ClusterLane:
+    """A lane on Redis Cluster: each script waits for its reply on the cluster client.
+
+    A lane's own connection reaches one server; a cluster's shards live on
+    several, so :meth:`send` runs the script at once and hands its reply over
+    before returning (a round trip per finish, the price of a cluster).
+    """
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+
+    def call(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Any:
+        """Run ``script`` and return its reply."""
+        return script(self.client, keys, args)
+
+    def send(self, script: Script, keys: Sequence[str], args: Sequence[Arg], on_reply: OnReply) -> None:
+        """Run ``script``; ``on_reply(reply or ResponseError)`` runs before this returns."""
+        try:
+            reply: Any = script(self.client, keys, args)
+        except ResponseError as exc:
+            reply = exc
+        on_reply(reply)
+
+    def drain(self) -> None:
+        """Nothing is ever pending."""
+
+
 class Lanes:
     """The lanes of one client: one per thread, and new ones in a forked child."""
 
@@ -165,12 +197,12 @@ class Lanes:
         self.client = client
         self.local = threading.local()
 
-    def get(self) -> Lane:
+    def get(self) -> Lane | ClusterLane:
         """This thread's lane."""
-        lane: Lane | None = getattr(self.local, "lane", None)
+        lane: Lane | ClusterLane | None = getattr(self.local, "lane", None)
         pid = os.getpid()
         if lane is None or getattr(self.local, "pid", None) != pid:
-            lane = Lane(self.client)
+            lane = ClusterLane(self.client) if is_cluster(self.client) else Lane(self.client)
             self.local.lane = lane
             self.local.pid = pid
         return lane

@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 from .kit import DelayedClock, DelayedTestKit, RanJob, ScheduledJob
-from .servers import RedisServer, ensure_redis_server, free_port
+from .servers import RedisClusterServers, RedisServer, ensure_redis_server, free_port
 
-__all__ = ["DelayedClock", "DelayedTestKit", "RanJob", "RedisServer", "ScheduledJob", "ensure_redis_server",
-           "free_port"]
+__all__ = ["DelayedClock", "DelayedTestKit", "RanJob", "RedisClusterServers", "RedisServer", "ScheduledJob",
+           "ensure_redis_server", "free_port"]

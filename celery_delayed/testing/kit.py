@@ -37,7 +37,7 @@ import json
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery import Celery
 from celery.app.trace import trace_task
@@ -47,6 +47,9 @@ from ..config import DelayedConfig, get_config, set_config
 from ..errors import ConfigurationError
 from ..store import Pending, Store, set_store
 from ..worker.tracking import track_plain_tasks
+
+if TYPE_CHECKING:  # imported when first used: the kit needs the scheduler only for recurring schedules
+    from ..scheduler.recurring import Recurrer
 
 __all__ = ["DelayedClock", "DelayedTestKit", "RanJob", "ScheduledJob"]
 
@@ -186,6 +189,7 @@ class DelayedTestKit:
         track_plain_tasks(app)  # as a worker does at start: plain tasks given to apply_later are tracked too
         #: released and not yet run: (shard, id, envelope, exchange, routing key)
         self.released: list[tuple[int, str, str, str, str]] = []
+        self._recurrer: Recurrer | None = None  # made on first use
         self._closed = False
 
     # -- lifecycle -------------------------------------------------------------------
@@ -274,6 +278,7 @@ class DelayedTestKit:
         ``expires`` or ``max_lateness`` passed are not released, as in
         production.
         """
+        self.tick_schedules()
         ids = []
         for shard in range(self.store.config.shards):
             while True:
@@ -285,6 +290,17 @@ class DelayedTestKit:
                     ids.append(str(jid))
                 self.store.ack_claimed(shard, batch.ids)
         return ids
+
+    def tick_schedules(self) -> int:
+        """Store the recurring schedules' occurrences due soon by the kit's clock, as a scheduler
+        would (``delayed_schedule`` and run-time ones); :meth:`release_due` does it first. Returns
+        how many occurrences were stored."""
+        from ..scheduler.recurring import Recurrer  # the scheduler's keeper of recurring schedules
+
+        if self._recurrer is None:
+            shards = dict.fromkeys(range(self.store.config.shards), "")  # '': no lease to hold
+            self._recurrer = Recurrer(self.app, self.store, "", lambda: shards)
+        return self._recurrer.tick(fresh=True)
 
     def run_released(self, propagate: bool = False) -> list[RanJob]:
         """Run the released jobs in this thread, in release order, as a worker would.

@@ -60,7 +60,7 @@ def _ping(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.2) as s:
             s.sendall(b"PING\r\n")
-            return s.recv(16).startswith(b"+PONG")
+            return s.recv(16).startswith((b"+PONG", b"-NOAUTH"))  # up (with a password: up too)
     except OSError:
         return False
 
@@ -144,6 +144,98 @@ class RedisServer:
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _cluster_port() -> int:
+    """A free port whose cluster bus port (+10000) is free too."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port > 55535:
+            port -= 20000
+        try:
+            for p in (port, port + 10000):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no free port pair for a Redis Cluster node")
+
+
+class RedisClusterServers:
+    """A private Redis Cluster on 127.0.0.1: ``masters`` masters, each with ``replicas`` replicas.
+
+    Starts ``masters * (1 + replicas)`` redis-servers with ``--cluster-enabled
+    yes`` on free ports, joins them with ``redis-cli --cluster create`` and
+    waits until every node reports ``cluster_state:ok``. :attr:`url` names the
+    first node (the cluster client finds the others). :meth:`close` stops
+    every node and removes their folders.
+
+    Args:
+        masters: number of masters (at least 3: Redis Cluster's minimum).
+        replicas: replicas per master.
+        node_timeout_ms: ``cluster-node-timeout``: how long a master may be
+            unreachable before its replica is promoted.
+    """
+
+    def __init__(self, masters: int = 3, replicas: int = 0, node_timeout_ms: int = 2000) -> None:
+        if masters < 3:
+            raise ValueError("a Redis Cluster needs at least 3 masters")
+        self.masters, self.replicas = masters, replicas
+        self.nodes = [
+            RedisServer("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                        "--cluster-node-timeout", str(node_timeout_ms), port=_cluster_port())
+            for _ in range(masters * (1 + replicas))
+        ]
+
+    @property
+    def url(self) -> str:
+        """A URL of one node (database 0)."""
+        return self.nodes[0].url
+
+    def start(self, timeout: float = 60.0) -> RedisClusterServers:
+        """Start the nodes, create the cluster and wait until it serves every slot."""
+        cli = shutil.which("redis-cli") or str(Path(self.nodes[0].exe).with_name("redis-cli"))
+        try:
+            for node in self.nodes:
+                node.start()
+            addrs = [f"127.0.0.1:{n.port}" for n in self.nodes]
+            subprocess.run([cli, "--cluster", "create", *addrs, "--cluster-replicas", str(self.replicas),
+                            "--cluster-yes"], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           timeout=timeout)
+            deadline = time.monotonic() + timeout
+            while not all(self._ok(n.port, cli) for n in self.nodes):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the Redis Cluster did not reach cluster_state:ok")
+                time.sleep(0.1)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    @staticmethod
+    def _ok(port: int, cli: str) -> bool:
+        """The node serves every slot and, if it is a replica, has synced with its master."""
+        out = subprocess.run([cli, "-p", str(port), "cluster", "info"], capture_output=True, text=True,
+                             timeout=10).stdout
+        if "cluster_state:ok" not in out or "cluster_slots_assigned:16384" not in out:
+            return False
+        repl = subprocess.run([cli, "-p", str(port), "info", "replication"], capture_output=True, text=True,
+                              timeout=10).stdout
+        return "role:slave" not in repl or "master_link_status:up" in repl
+
+    def close(self) -> None:
+        """Stop every node and remove its folder."""
+        for node in self.nodes:
+            node.close()
+
+    def __enter__(self) -> RedisClusterServers:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -281,3 +281,18 @@ def dead_letters(letters: Iterable[DeadLetter], total: int, offset: int, limit: 
     return (f'<p class="muted">{total} dead letter(s); showing {offset + 1 if letters else 0}-'
             f'{offset + len(letters)}</p>{purge}<table id="dead-letters"><tr><th>job id</th><th>died (UTC)</th>'
             f'<th>task</th><th class=num>attempts</th><th>error</th><th></th></tr>{trs}</table>{pager}')
+
+
+def recurring(rows: Sequence[Any]) -> str:
+    """The recurring schedules (``celery_delayed.schedules.list``): definition, next fire, last occurrences."""
+    trs = "".join(
+        f"<tr><td>{e(r.name)}</td><td>{e(r.task)}</td><td class=mono>{e(r.schedule)}</td><td>{e(r.timezone)}</td>"
+        f"<td class=mono>{'paused' if r.paused else e(when(r.next_fire_ms))}</td><td>{e(r.misfire)}</td>"
+        f"<td>{e(r.source)}</td><td class=mono>"
+        + " ".join(f'<a href="{e(jpath(i))}">{e(when(f))}</a>' for i, f in r.occurrences[-3:])
+        + "</td></tr>" for r in rows)
+    if not rows:
+        return '<p class="muted">No recurring schedule (<code>delayed_schedule</code>, ' \
+               '<code>delayed schedules add</code>).</p>'
+    return ('<table id="schedules"><tr><th>name</th><th>task</th><th>schedule</th><th>zone</th>'
+            f'<th>next fire (UTC)</th><th>misfire</th><th>from</th><th>last occurrences</th></tr>{trs}</table>')

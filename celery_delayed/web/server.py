@@ -147,6 +147,7 @@ class Handler(BaseHTTPRequestHandler):
             title=pages.e(title), body=body, flash=flash, search=pages.e(search),
             nav_overview=' class="current"' if nav == "overview" else "",
             nav_jobs=' class="current"' if nav == "jobs" else "", nav_dlq=' class="current"' if nav == "dlq" else "",
+            nav_schedules=' class="current"' if nav == "schedules" else "",
             store=pages.e(f"prefix {cfg.key_prefix} · {cfg.shards} shards"),
             mode=" · read-only" if self.dash.read_only else "",
             render_ms=f"{(time.perf_counter() - t0) * 1000:.0f}", now=pages.e(pages.when(self.dash.store.now_ms())),
@@ -264,6 +265,11 @@ class Handler(BaseHTTPRequestHandler):
             letters = dlq.list_dead(dash.store, offset=offset, limit=50)
             body = pages.dead_letters(letters, dlq.count(dash.store), offset, 50, dash.csrf, dash.read_only)
             self._page("Dead letters", body, "dlq", t0)
+            return
+        if path == "/schedules":
+            from .. import schedules  # the recurring schedules' API
+
+            self._page("Recurring schedules", pages.recurring(schedules.list(dash.app)), "schedules", t0)
             return
         self._send(404, b"not found\n", "text/plain; charset=utf-8")
 

@@ -7,8 +7,8 @@ time (every script takes ``now_ms``):
 - scheduling: schedule (with ``expires``, ``max_lateness`` and ``misfire``),
   cancel (also of a running job), reschedule; debounce and throttle keys
   (schedule_keyed);
-- the scheduler side: heartbeat and rebalance (membership, shard leases and
-  their fences), release_due and claim_due called by the lease holder, by a
+- the scheduler side: heartbeat and hold_shards (membership, shard leases,
+  their deadlines and fences), release_due and claim_due called by the lease holder, by a
   stale holder (refused) or without a lease, ack_claimed, claim leases that
   run out; misfire and expiry decided at release;
 - the worker side: start, extend_lease, finish (SUCCEEDED, FAILED, QUEUED);
@@ -59,6 +59,7 @@ from support import IN_CI, RedisServer, make_app, need
 
 from celery_delayed import InvalidState, JobNotFound, LeaseLost
 from celery_delayed.producer.jobs import prepare
+from celery_delayed.scheduler.loop import share
 from celery_delayed.store import Store
 from celery_delayed.store.keys import index_part
 from celery_delayed.vocab import Reply
@@ -127,6 +128,7 @@ def machine(redis_url: str, bucket_ms: int) -> type[RuleBasedStateMachine]:
             self.members: dict[str, int] = {}  # scheduler -> membership deadline
             self.leases: dict[int, tuple[str, int]] = {}  # shard -> (owner, fence)
             self.fences: dict[int, int] = {s: 0 for s in range(SHARDS)}
+            self.lease_until: dict[int, int] = {}  # shard -> lease deadline
             self._fields: dict[str, dict[str, str]] = {}
             self.paused = False
             self.counts = {"released": 0, "cancelled": 0, "promoted": 0}
@@ -394,23 +396,32 @@ def machine(redis_url: str, bucket_ms: int) -> type[RuleBasedStateMachine]:
             self.members = {m: d for m, d in self.members.items() if d > self.now}
             assert now == self.now and live == sorted(self.members)
 
-        @rule(owner=st.sampled_from(SCHEDULERS))
-        def rebalance(self, owner: str) -> None:
-            got = self.store.rebalance(owner, now_ms=self.now)
-            live = sorted(m for m, d in self.members.items() if d > self.now)  # the set is not pruned here
-            expected: dict[int, str] = {}
-            for s in range(SHARDS) if live else ():
-                want = live[s % len(live)]
-                cur = self.leases.get(s)
-                if cur is not None and cur[0] == want:
-                    fence = cur[1]
-                else:
-                    self.fences[s] += 1  # handed over: a new fence
-                    fence = self.fences[s]
-                    self.leases[s] = (want, fence)
-                if want == owner:
-                    expected[s] = str(fence)
-            assert got == expected
+        @rule(owner=st.sampled_from(SCHEDULERS), give_all=st.booleans())
+        def hold(self, owner: str, give_all: bool) -> None:
+            """Take the caller's share of the shards (or give every lease it holds up), as the loop does."""
+            live = [m for m, d in self.members.items() if d > self.now]  # the set is not pruned here
+            mine = {s for s, lease in self.leases.items() if lease[0] == owner}
+            wanted = set() if give_all else share(live, owner, SHARDS)
+            held, waits = self.store.hold_shards(owner, wanted, mine - wanted, now_ms=self.now)
+            exp_held: dict[int, str] = {}
+            exp_waits: dict[int, int] = {}
+            for s in sorted(wanted | mine):
+                cur, left = self.leases.get(s), self.lease_until.get(s, 0) - self.now
+                if cur is not None and cur[0] != owner and left > 0:
+                    if s in wanted:
+                        exp_waits[s] = left
+                    continue
+                if s not in wanted:  # given up
+                    if cur is not None and cur[0] == owner:
+                        del self.leases[s]
+                        self.lease_until.pop(s, None)
+                    continue
+                if cur is None or cur[0] != owner:
+                    self.fences[s] += 1  # a new holder: a new fence
+                    self.leases[s] = (owner, self.fences[s])
+                self.lease_until[s] = self.now + LEASE_MS
+                exp_held[s] = str(self.leases[s][1])
+            assert (held, waits) == (exp_held, exp_waits)
 
         @rule(shard=st.integers(0, SHARDS - 1), limit=st.integers(1, 6), who=st.sampled_from(CALLERS))
         def release(self, shard: int, limit: int, who: str) -> None:
@@ -729,6 +740,8 @@ def machine(redis_url: str, bucket_ms: int) -> type[RuleBasedStateMachine]:
                 lease = self.leases.get(s)
                 assert c.get(sk.lease) == (f"{lease[0]}|{lease[1]}" if lease else None)
                 assert int(c.get(sk.fence) or 0) == self.fences[s]
+                until = c.get(sk.lease_until)
+                assert (int(until) if until else None) == self.lease_until.get(s)
             members = {m: int(d) for m, d in c.zrange(self.store.keys.schedulers, 0, -1, withscores=True)}
             assert members == self.members
             pipe = c.pipeline(transaction=False)

@@ -20,6 +20,7 @@ from kombu import Connection, Exchange, Queue
 from support import make_app
 
 from celery_delayed.errors import InvalidState, JobNotFound, LeaseLost
+from celery_delayed.scheduler.loop import share
 from celery_delayed.store import NewJob, Store
 
 T = 1_800_000_000_000  # a synthetic "now", a multiple of every bucket width used
@@ -522,7 +523,7 @@ def test_reschedule_refuses_when_not_scheduled(store: Store) -> None:
         store.reschedule("nope", "+10", now_ms=T)
 
 
-# -- heartbeat / rebalance --------------------------------------------------------
+# -- heartbeat / shard leases ----------------------------------------------------
 
 
 def test_heartbeat_expiry_and_leave(store: Store) -> None:
@@ -543,46 +544,54 @@ def _members(store: Store, names: list[str], now: int) -> None:
 
 
 @pytest.mark.parametrize("m", [1, 2, 3, 4])
-def test_rebalance_splits_evenly_and_deterministically(redis_url: str, uid: str, m: int) -> None:
+def test_shares_split_evenly_and_deterministically(redis_url: str, uid: str, m: int) -> None:
     s = Store(make_app(redis_url, uid, delayed_shards=10))
     names = [f"s{i}" for i in range(m)]
     _members(s, names, T)
-    got = {n: s.rebalance(n, now_ms=T) for n in names}
-    held = sorted(shard for g in got.values() for shard in g)
+    got = {n: s.hold_shards(n, share(names, n, 10), now_ms=T) for n in names}
+    assert all(not waits for _, waits in got.values())
+    held = sorted(shard for g, _ in got.values() for shard in g)
     assert held == list(range(10))  # every shard exactly once
-    sizes = [len(g) for g in got.values()]
+    sizes = [len(g) for g, _ in got.values()]
     assert max(sizes) - min(sizes) <= 1
-    for n, g in got.items():
+    for n, (g, _) in got.items():
         for shard, fence in g.items():
             assert s.client.get(s.keys.shard(shard).lease) == f"{n}|{fence}"
-    # Again, from anyone, in any order: the same assignment and no fence moves.
-    assert {n: s.rebalance(n, now_ms=T + 1) for n in reversed(names)} == got
-    assert s.rebalance("stranger", now_ms=T) == {}
+    # Again, in any order: the same shards and no fence moves.
+    assert {n: s.hold_shards(n, share(names, n, 10), now_ms=T + 1) for n in reversed(names)} == got
+    assert share(names, "stranger", 10) == set()
 
 
-def test_rebalance_fence_increments_on_hand_over_only(redis_url: str, uid: str) -> None:
-    s = Store(make_app(redis_url, uid, delayed_shards=4))
-    _members(s, ["a"], T)
-    assert s.rebalance("a", now_ms=T) == {0: "1", 1: "1", 2: "1", 3: "1"}
-    _members(s, ["b"], T + 1)
-    got_a, got_b = s.rebalance("a", now_ms=T + 2), s.rebalance("b", now_ms=T + 2)
-    assert got_a == {0: "1", 2: "1"}  # kept: same fence
-    assert got_b == {1: "2", 3: "2"}  # handed over: fence + 1
-    # a's old lease on shard 1 no longer lets it release there.
+def test_a_shard_moves_only_when_given_up_or_run_out_and_its_fence_moves(redis_url: str, uid: str) -> None:
+    s = Store(make_app(redis_url, uid, delayed_shards=4, delayed_lease_ms=30_000))
+    assert s.hold_shards("a", range(4), now_ms=T) == ({0: "1", 1: "1", 2: "1", 3: "1"}, {})
+    # b wants shards 1 and 3 while a's lease on them is alive: refused, told how long to wait.
+    assert s.hold_shards("b", [1, 3], now_ms=T + 1000) == ({}, {1: 29_000, 3: 29_000})
+    # a gives up 1 and keeps 0 and 2 (same fences); b takes 1 (fence + 1).
+    assert s.hold_shards("a", [0, 2], give=[1], now_ms=T + 2000) == ({0: "1", 2: "1"}, {})
+    assert s.hold_shards("b", [1, 3], now_ms=T + 2000) == ({1: "2"}, {3: 28_000})
+    # a's old lease on shard 1 no longer lets it release there; b's does.
     with pytest.raises(LeaseLost):
-        s.release_due(1, "a", "1", now_ms=T + 3)
-    s.release_due(1, "b", "2", now_ms=T + 3)
-    # b dies (misses its heartbeat): a takes everything back, fences move again.
-    _members(s, ["a"], T + 20_000)
-    dead_b = T + 1 + 30_000  # b's membership deadline: dead from then on, as in heartbeat.lua
-    assert s.rebalance("a", now_ms=dead_b) == {0: "1", 1: "3", 2: "1", 3: "3"}
-    assert s.rebalance("b", now_ms=dead_b) == {}
+        s.release_due(1, "a", "1", now_ms=T + 3000)
+    s.release_due(1, "b", "2", now_ms=T + 3000)
+    # a stops renewing shard 3 (paused): once its lease ran out, b takes it...
+    assert s.hold_shards("b", [3], now_ms=T + 30_000) == ({3: "2"}, {})
+    # ...and a, back, can neither release from it nor take it back while b's lease lives.
+    with pytest.raises(LeaseLost):
+        s.release_due(3, "a", "1", now_ms=T + 30_001)
+    assert s.hold_shards("a", [0, 2, 3], now_ms=T + 30_001) == ({0: "1", 2: "1"}, {3: 29_999})
+    # A lease past its deadline that nobody took is still the holder's, with its fence.
+    assert s.hold_shards("a", [0], now_ms=T + 90_000) == ({0: "1"}, {})
+    # Giving up a shard someone else holds changes nothing.
+    assert s.hold_shards("a", [], give=[1], now_ms=T + 90_000) == ({}, {})
+    assert s.client.get(s.keys.shard(1).lease) == "b|2"
 
 
-def test_rebalance_with_no_live_member(redis_url: str, uid: str) -> None:
+def test_a_lease_without_a_deadline_counts_as_run_out(redis_url: str, uid: str) -> None:
     s = Store(make_app(redis_url, uid, delayed_shards=2))
-    assert s.rebalance("a", now_ms=T) == {}
-    assert not s.client.exists(s.keys.shard(0).lease)
+    s.client.set(s.keys.shard(0).lease, "old|4")  # as rebalance.lua of earlier versions wrote it
+    s.client.set(s.keys.shard(0).fence, 4)
+    assert s.hold_shards("a", [0], now_ms=T) == ({0: "5"}, {})
 
 
 # -- script loading ---------------------------------------------------------------
@@ -601,7 +610,7 @@ def test_noscript_is_recovered(store: Store, redis_server: Any) -> None:
     store.client.script_flush()
     assert store.release_due(0, now_ms=T).count == 3
     for op in (lambda: store.cancel("m1", now_ms=T), lambda: store.heartbeat("x", now_ms=T),
-               lambda: store.rebalance("x", now_ms=T), lambda: store.claim_due(2, now_ms=T),
+               lambda: store.hold_shards("x", [1], now_ms=T), lambda: store.claim_due(2, now_ms=T),
                lambda: store.ack_claimed(2, ["m2"], now_ms=T),
                lambda: store.reschedule("m3", "+5", now_ms=T)):
         store.client.script_flush()

@@ -71,3 +71,18 @@ def test_resolve_precedence():
     assert resolve(None, Task, "max_attempts", cfg) == 7
     assert resolve(None, object(), "max_attempts", cfg) == cfg.max_attempts == 4
     assert resolve(None, None, "max_lateness", cfg, "max_lateness_s") is None
+
+
+@pytest.mark.parametrize("url", ["redis://h:7000/3", "redis://h:7000?db=2", "rediss://u:p@h:7000/1"])
+def test_a_cluster_store_url_with_another_database_is_refused(url):
+    app = Celery("c", broker="amqp://", set_as_current=False)
+    app.conf.update(delayed_redis_url=url, delayed_redis_cluster=True)
+    with pytest.raises(ConfigurationError, match="database 0 only"):
+        DelayedConfig.from_app(app)
+
+
+@pytest.mark.parametrize("url", ["redis://h:7000/0", "redis://h:7000", "redis://h:7000/"])
+def test_a_cluster_store_url_with_database_0_or_none_is_accepted(url):
+    app = Celery("c", broker="amqp://", set_as_current=False)
+    app.conf.update(delayed_redis_url=url, delayed_redis_cluster=True)
+    assert DelayedConfig.from_app(app).redis_cluster is True

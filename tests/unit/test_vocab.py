@@ -5,11 +5,12 @@ from __future__ import annotations
 import re
 
 from celery_delayed.store.loader import lua_dir
-from celery_delayed.vocab import Field, JobState, Reply
+from celery_delayed.vocab import Field, JobState, Reply, ScheduleField
 
 HASH_CALLS = ("HGET", "HSET", "HMGET", "HDEL", "HSETNX", "HEXISTS", "HINCRBY")
 HASH_CALL = re.compile(r"redis\.call\('(" + "|".join(HASH_CALLS) + r")',\s*([^)]*)\)")
-FIELDS = {v for k, v in vars(Field).items() if not k.startswith("_") and isinstance(v, str)}
+FIELDS = {v for cls in (Field, ScheduleField) for k, v in vars(cls).items()
+          if not k.startswith("_") and isinstance(v, str)}
 
 
 def _lua_sources() -> dict[str, str]:

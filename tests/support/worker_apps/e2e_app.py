@@ -21,6 +21,7 @@ import time
 
 import redis
 from celery import Celery
+from redis.cluster import RedisCluster
 
 from celery_delayed import DelayedTask
 
@@ -30,14 +31,15 @@ PREFIX = os.environ.get("E2E_PREFIX", "e2e")
 QUEUE = os.environ.get("E2E_QUEUE", "celery")
 
 app = Celery("e2e_app", broker=BROKER)
-app.conf.update(
-    delayed_redis_url=STORE,
-    delayed_key_prefix=PREFIX,
-    task_default_queue=QUEUE,
-    broker_connection_retry_on_startup=True,
-    worker_hijack_root_logger=False,
+app.conf.update({
+    "delayed_redis_url": STORE,
+    "delayed_key_prefix": PREFIX,
+    "task_default_queue": QUEUE,
+    "broker_connection_retry_on_startup": True,
+    "worker_hijack_root_logger": False,
+    # E2E_CONF may set any of the above too (a Sentinel store: delayed_redis_url; E2E_REDIS keeps the run log).
     **json.loads(os.environ.get("E2E_CONF", "{}")),
-)
+})
 
 _client: redis.Redis | None = None
 
@@ -45,7 +47,10 @@ _client: redis.Redis | None = None
 def record(task_id: str, retries: int = 0) -> None:
     global _client
     if _client is None:
-        _client = redis.Redis.from_url(STORE, decode_responses=True)
+        if app.conf.get("delayed_redis_cluster"):
+            _client = RedisCluster.from_url(STORE, decode_responses=True)  # type: ignore[assignment]
+        else:
+            _client = redis.Redis.from_url(STORE, decode_responses=True)
     _client.rpush(f"{PREFIX}:ran", f"{task_id}|{os.getpid()}|{retries}|{time.time():.6f}")
 
 

@@ -1,0 +1,186 @@
+"""Recurring schedules in the store: one hash per schedule, in the shard of its name.
+
+The gateway of the four schedule scripts (``put_schedule``, ``drop_schedule``,
+``pause_schedule``, ``advance_schedule``) and the reads that list schedules.
+A schedule's keys (``keys.py``) and its occurrences share one shard, so
+every script touches one slot. The fields are :class:`~celery_delayed.vocab.ScheduleField`.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import LeaseLost
+from ..vocab import Reply, ScheduleField
+from .client import translate_errors
+from .gateway import Store
+from .keys import shard_for
+from .loader import Arg
+
+#: Occurrence ids a schedule keeps (the newest): those a change or pause cancels.
+KEEP_OCCURRENCES = 200
+
+
+@dataclass(frozen=True)
+class StoredSchedule:
+    """A recurring schedule as the store holds it."""
+
+    name: str
+    shard: int
+    definition: dict[str, Any]
+    source: str
+    config_hash: str | None
+    version: int
+    epoch: str
+    origin_ms: int
+    last_raw: str  # the cursor as stored: advance_schedule compares it verbatim
+    paused: bool
+    updated_ms: int
+
+    @property
+    def last_ms(self) -> int:
+        """The cursor: occurrences exist for every fire time up to it."""
+        return int(float(self.last_raw or 0))
+
+    @classmethod
+    def from_hash(cls, shard: int, h: dict[str, str]) -> StoredSchedule | None:
+        """Parse a schedule's hash (None: no such schedule, or not a readable one)."""
+        if not h or ScheduleField.DEFINITION not in h:
+            return None
+        return cls(
+            name=h.get(ScheduleField.NAME, ""), shard=shard,
+            definition=json.loads(h[ScheduleField.DEFINITION]),
+            source=h.get(ScheduleField.SOURCE, ""), config_hash=h.get(ScheduleField.CONFIG_HASH),
+            version=int(h.get(ScheduleField.VERSION, "0")), epoch=h.get(ScheduleField.EPOCH, ""),
+            origin_ms=int(float(h.get(ScheduleField.ORIGIN, "0"))),
+            last_raw=h.get(ScheduleField.LAST, "0"), paused=h.get(ScheduleField.PAUSED) == "1",
+            updated_ms=int(float(h.get(ScheduleField.UPDATED, "0"))),
+        )
+
+
+@translate_errors
+class ScheduleRecords:
+    """The recurring schedules of one store (see the module docstring)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.url = store.url
+
+    def shard_of(self, name: str) -> int:
+        """The shard of a schedule and of all its occurrences: ``crc32(name) % shards``."""
+        return shard_for(name, self.store.config.shards)
+
+    def _keys(self, name: str) -> tuple[int, list[str]]:
+        s = self.shard_of(name)
+        sk = self.store.keys.shard(s)
+        return s, [sk.schedule(name), sk.schedules, sk.occurrences(name)]
+
+    def _run(self, script_name: str, keys: Sequence[str], args: Sequence[Arg]) -> Any:
+        script = getattr(self.store.scripts, script_name)
+        return script(self.store.client, keys, args)
+
+    def put(self, name: str, definition: dict[str, Any], source: str, config_hash: str = "",
+            now_ms: int | None = None, since_ms: int = 0) -> tuple[bool, list[str]]:
+        """Create or replace a schedule (``put_schedule.lua``).
+
+        Returns (written, ids of the old definition's occurrences to cancel).
+        With ``source="config"`` nothing is written when the stored config
+        hash is ``config_hash`` already, or when a scheduler started later
+        than ``since_ms`` (this one's start) wrote it.
+        """
+        self.store.check_layout()
+        _, keys = self._keys(name)
+        self.store.client.sadd(self.store.keys.schedules, name)  # the index first: a reader may see a name too early
+        reply = self._run("put_schedule", keys,
+                          [self.store._now(now_ms), name, json.dumps(definition, sort_keys=True), source, config_hash,
+                                 str(since_ms) if source == "config" else "", uuid.uuid4().hex[:16]])
+        return int(reply[0]) == Reply.OK, [str(x) for x in reply[2:]]
+
+    def drop(self, name: str, only_config: bool = False, since_ms: int = 0) -> tuple[int, list[str]]:
+        """Remove a schedule (``drop_schedule.lua``); return (reply code, occurrence ids to cancel).
+
+        ``only_config``: only one that came from the config, and that no
+        scheduler started later than ``since_ms`` wrote.
+        """
+        _, keys = self._keys(name)
+        reply = self._run("drop_schedule", keys, [self.store._now(None), name, "config" if only_config else "",
+                                                  since_ms, self.store.config.record_ttl_ms])
+        if int(reply[0]) != Reply.UNCHANGED:
+            self.store.client.srem(self.store.keys.schedules, name)
+        return int(reply[0]), [str(x) for x in reply[1:]]
+
+    def index(self) -> list[str]:
+        """The names of every schedule (one read; ``{prefix}:schedules``)."""
+        return sorted(_text(x) for x in self.store.client.smembers(self.store.keys.schedules))
+
+    def set_paused(self, name: str, paused: bool, now_ms: int | None = None) -> tuple[int, list[str]]:
+        """Pause or resume a schedule (``pause_schedule.lua``); return (reply code, occurrence ids to cancel)."""
+        _, keys = self._keys(name)
+        reply = self._run("pause_schedule", [keys[0], keys[2]], [self.store._now(now_ms), "1" if paused else "0"])
+        return int(reply[0]), [str(x) for x in reply[1:]]
+
+    def advance(self, sched: StoredSchedule, owner: str, fence: str, new_last_ms: int,
+                occurrences: Sequence[tuple[str, int]], now_ms: int | None = None) -> bool:
+        """Record created occurrences and move the cursor (``advance_schedule.lua``), under the shard's lease.
+
+        Returns False when the schedule changed since it was read (nothing done).
+
+        Raises:
+            LeaseLost: the caller does not hold the shard's lease.
+        """
+        sk = self.store.keys.shard(sched.shard)
+        args: list[Arg] = [self.store._now(now_ms), owner, fence, str(sched.version), sched.last_raw, str(new_last_ms),
+                           KEEP_OCCURRENCES]
+        for job_id, fire in occurrences:
+            args += [job_id, str(fire)]
+        (code,) = self._run("advance_schedule",
+                            [sk.schedule(sched.name), sk.occurrences(sched.name), sk.lease], args)
+        if code == Reply.NOT_OWNER:
+            raise LeaseLost(f"cannot advance schedule {sched.name!r}: shard {sched.shard}'s lease is not held")
+        return int(code) == Reply.OK
+
+    def names(self, shards: Iterable[int]) -> dict[int, list[str]]:
+        """The schedules' names of each shard, in one round trip."""
+        shards = list(shards)
+        pipe = self.store.client.pipeline(transaction=False)
+        for s in shards:
+            pipe.smembers(self.store.keys.shard(s).schedules)
+        return {s: sorted(_text(x) for x in members) for s, members in zip(shards, pipe.execute(), strict=True)}
+
+    def read(self, names: dict[int, list[str]]) -> list[StoredSchedule]:
+        """The schedules named, by shard, in one round trip (those gone meanwhile are left out)."""
+        pairs = [(s, n) for s, ns in names.items() for n in ns]
+        pipe = self.store.client.pipeline(transaction=False)
+        for s, n in pairs:
+            pipe.hgetall(self.store.keys.shard(s).schedule(n))
+        out = []
+        for (s, _), raw in zip(pairs, pipe.execute(), strict=True):
+            sched = StoredSchedule.from_hash(s, {_text(k): _text(v) for k, v in raw.items()})
+            if sched is not None:
+                out.append(sched)
+        return out
+
+    def get(self, name: str) -> StoredSchedule | None:
+        """One schedule (None: there is no such schedule)."""
+        s = self.shard_of(name)
+        found = self.read({s: [name]})
+        return found[0] if found else None
+
+    def all(self) -> list[StoredSchedule]:
+        """Every schedule of the store, sorted by name."""
+        return sorted(self.read(self.names(range(self.store.config.shards))), key=lambda x: x.name)
+
+    def occurrences(self, name: str) -> list[tuple[str, int]]:
+        """A schedule's recent occurrences: (job id, fire time ms), the earliest first."""
+        s = self.shard_of(name)
+        raw: list[Any] = self.store.client.zrange(self.store.keys.shard(s).occurrences(name), 0, -1,
+                                                  withscores=True)
+        return [(_text(item[0]), int(item[1])) for item in raw]
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)

@@ -1,0 +1,98 @@
+"""A master of the store's Redis Cluster SIGKILLed under load; its replica is promoted (issue 13).
+
+Three masters with a replica each (``cluster-node-timeout`` 1 s). Jobs are scheduled, then one
+master is killed while they come due: redis-py's cluster client reloads the slot map and retries,
+the scheduler backs off and carries on, and every job runs. Replication is asynchronous, so a
+write acknowledged by the master in the last moments before its death may be missing on the
+promoted replica: a job released there and not yet replicated as released is released again
+(run twice), and a job scheduled then is lost. The counts are printed; the jobs here are all
+scheduled seconds before the kill, so none may be lost.
+"""
+
+from __future__ import annotations
+
+import collections
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+
+import pytest
+from redis.cluster import RedisCluster
+from support import SchedulerProcess, WorkerProcess, make_app, need, wait_for
+
+from celery_delayed import apply_later_many, get_store
+from celery_delayed.testing import RedisClusterServers
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def replicated() -> Iterator[RedisClusterServers]:
+    need("redis-server and redis-cli (Redis Cluster)",
+         shutil.which("redis-server") is not None and shutil.which("redis-cli") is not None)
+    with RedisClusterServers(masters=3, replicas=1, node_timeout_ms=1000) as cluster:
+        yield cluster
+
+
+def runs(client: RedisCluster, prefix: str) -> collections.Counter[str]:
+    return collections.Counter(str(x).split("|")[0] for x in client.lrange(f"{prefix}:ran", 0, -1))
+
+
+def promoted(cluster: RedisClusterServers, dead_port: int) -> bool:
+    """Every live node marks the dead master failed and serves every slot again (its replica promoted)."""
+    for node in cluster.nodes:
+        if node.port == dead_port:
+            continue
+        info = subprocess.run(["redis-cli", "-p", str(node.port), "cluster", "info"], capture_output=True,
+                              text=True, timeout=5).stdout
+        nodes = subprocess.run(["redis-cli", "-p", str(node.port), "cluster", "nodes"], capture_output=True,
+                               text=True, timeout=5).stdout
+        dead = [line.split()[2] for line in nodes.splitlines() if f":{dead_port}@" in line]
+        if "cluster_state:ok" not in info or not dead or "fail" not in dead[0].split(","):
+            return False
+    return True
+
+
+@pytest.mark.timeout(180)
+def test_a_master_killed_under_load_fails_over_to_its_replica(redis_url, uid, workers, replicated):
+    store_url = replicated.url
+    conf = {"delayed_redis_cluster": True, "delayed_lease_ms": 2000}
+    app = make_app(redis_url, uid, delayed_redis_url=store_url, **conf)
+    prefix, queue = app.conf.delayed_key_prefix, app.conf.task_default_queue
+    cclient = RedisCluster.from_url(store_url, decode_responses=True)
+    w = WorkerProcess(redis_url, prefix, queue, store=store_url, conf=conf, concurrency=4, pool="threads")
+    workers.append(w)
+    sched = SchedulerProcess(redis_url, prefix, queue, store=store_url, conf=conf)
+    workers.append(sched)
+    w.wait_ready()
+    n = 1500
+    ids = [h.id for h in apply_later_many(app, "e2e.plain", [{"args": (i,), "when": 2.0 + 6.0 * i / n}
+                                                             for i in range(n)], strict=False)]
+    time.sleep(3.0)  # under way: jobs coming due on every master
+    # The master of shard 0 (not the one with the "ran" list, which the test reads).
+    victim_name = cclient.get_node_from_key(get_store(app).keys.shard(0).due).name
+    if victim_name == cclient.get_node_from_key(f"{prefix}:ran").name:
+        victim_name = cclient.get_node_from_key(get_store(app).keys.shard(1).due).name
+    victim = next(node for node in replicated.nodes if f"127.0.0.1:{node.port}" == victim_name)
+    victim.stop("kill")
+    killed = time.monotonic()
+    wait_for(lambda: promoted(replicated, victim.port), 30, interval=0.1, what="the replica's promotion")
+    failover_s = time.monotonic() - killed
+    wait_for(lambda: len(set(runs(cclient, prefix)) & set(ids)) == n, 90, interval=0.3,
+             what=f"{n} jobs to run after the failover")
+    time.sleep(1.0)
+    w.stop()
+    counts = runs(cclient, prefix)
+    lost = set(ids) - set(counts)
+    twice = [i for i in ids if counts[i] > 1]
+    print(f"\nfailover: master {victim_name} SIGKILLed, replica promoted in {failover_s:.1f}s; "
+          f"{n} jobs: {len(lost)} lost, {len(twice)} ran twice")
+    trouble = [line for line in sched.output().splitlines() if "unavailable" in line or "resuming" in line]
+    print("scheduler:", *trouble[:6], sep="\n  ")
+    assert sched.proc.poll() is None, "the scheduler died"
+    assert any("resuming" in line for line in trouble), "the scheduler never saw the failover"
+    assert not lost
+    # Run twice only in the replication window (a release acknowledged just before the kill).
+    assert len(twice) <= 50, len(twice)
+    cclient.close()
