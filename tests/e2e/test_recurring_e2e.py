@@ -115,9 +115,14 @@ def test_sigkill_a_scheduler_every_second(fleet_factory, n, misfire, capsys):
     if misfire == "each":
         assert missed == [], f"{len(missed)} occurrences never ran: {missed[:5]}"
     else:
-        # beyond the misfire rule nothing is lost: an occurrence not run was skipped at release
-        # (it missed the next fire time while its shard had no live scheduler), never dropped
-        assert set(states.values()) <= {"SKIPPED"}, states
+        # beyond the misfire rule nothing is lost: an occurrence not run was skipped at release (it missed
+        # the next fire time while its shard had no live scheduler), or never stored because its fire time
+        # fell in such an outage, when `latest` stores only the latest missed one: then a later one ran
+        # within the take-over (a lease) and a few seconds
+        assert set(states.values()) <= {"SKIPPED", None}, states
+        for f in missed:
+            if states[occurrence_id(records(fleet.app).get(NAME), f)] is None:
+                assert any(f < g <= f + LEASE_MS + 4_000 for g in ran_fires), (f, ran_fires)
         assert len(ran_fires) >= len(fires) // 3
 
 
