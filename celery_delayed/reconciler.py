@@ -99,6 +99,7 @@ class Reconciler:
         for shard in range(self.config.shards):
             self._rerelease(shard, now, report)
         if self.rows is not None:
+            self.rows.refresh_statistics()  # its reads below are index lookups only with statistics
             self._reindex(now, report)
             self._adopt_or_drop(now, report)
         report.seconds = round(time.monotonic() - t0, 3)

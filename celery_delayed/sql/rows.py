@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from celery import Celery
-from sqlalchemy import Connection, Engine, and_, create_engine, delete, insert, or_, select, update
+from sqlalchemy import Connection, Engine, and_, create_engine, delete, insert, or_, select, text, update
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, SQLAlchemyError
 
 from ..config import get_config
@@ -143,6 +143,34 @@ class JobRows:
         if held > SCHEMA_VERSION:
             raise ConfigurationError(self._newer(held))
         self._schema_ok = True
+
+    @_translated
+    def refresh_statistics(self) -> bool:
+        """PostgreSQL: ``ANALYZE`` the jobs table when its planner statistics are missing or stale.
+
+        The reconciler's reads (rows by state, ids that exist, rows created
+        since) are index lookups only if the planner knows the table is large.
+        A server with autovacuum off (or behind, after a bulk load) plans them
+        from no statistics at all: on 1,000,000 rows one ``id IN (...)`` batch
+        of 500 took a second (a scan of every row of the prefix) instead of a
+        millisecond. So a pass starts with this check: ANALYZE when the table
+        was never analyzed, or when more than a fifth of it changed since.
+        Returns whether it ran ANALYZE (never on other databases).
+        """
+        if self.engine.dialect.name != "postgresql":
+            return False
+        q = text("SELECT n_live_tup, n_mod_since_analyze, last_analyze, last_autoanalyze "
+                 "FROM pg_stat_user_tables WHERE relid = to_regclass(:t)")
+        with self.engine.connect() as conn:
+            row = conn.execute(q, {"t": jobs.name}).first()
+        if row is None:
+            return False
+        live, changed, analyzed, auto = row
+        if (analyzed is not None or auto is not None) and changed <= max(1000, live // 5):
+            return False
+        with self.engine.begin() as conn:
+            conn.execute(text(f"ANALYZE {jobs.name}"))
+        return True
 
     # -- writing jobs -----------------------------------------------------------------------
 
