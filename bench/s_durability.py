@@ -147,6 +147,12 @@ def _mirror(ctx: Ctx, url: str) -> None:
 def _drop(app: Any) -> None:
     client = get_store(app).client
     prefix = app.conf.delayed_key_prefix
+    batch: list[Any] = []
     for key in client.scan_iter(f"{prefix}:*", count=10_000):
-        client.unlink(key)
+        batch.append(key)
+        if len(batch) >= 1000:
+            client.unlink(*batch)
+            batch = []
+    if batch:
+        client.unlink(*batch)
     client.delete(app.conf.task_default_queue)
