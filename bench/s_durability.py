@@ -25,7 +25,7 @@ from celery_delayed.scheduler.mirror import Mirror
 from celery_delayed.sql.rows import get_rows
 
 from .celery_app import make_app
-from .common import Ctx, uid
+from .common import Ctx, delete_prefix, uid
 
 S14 = "14 durability: the database, the reconciler, the mirror"
 PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
@@ -146,13 +146,5 @@ def _mirror(ctx: Ctx, url: str) -> None:
 
 def _drop(app: Any) -> None:
     client = get_store(app).client
-    prefix = app.conf.delayed_key_prefix
-    batch: list[Any] = []
-    for key in client.scan_iter(f"{prefix}:*", count=10_000):
-        batch.append(key)
-        if len(batch) >= 1000:
-            client.unlink(*batch)
-            batch = []
-    if batch:
-        client.unlink(*batch)
+    delete_prefix(client, f"{app.conf.delayed_key_prefix}:*")
     client.delete(app.conf.task_default_queue)
