@@ -80,7 +80,7 @@ def settings_findings(store: Store) -> list[Finding]:
         store.check_fleet()
     except ConfigurationError as exc:
         return [Finding(PROBLEM, "layout", str(exc), "use the store's settings, or another delayed_key_prefix")]
-    return [Finding(OK, "layout", f"delayed_shards={store.config.shards} and delayed_bucket_ms="
+    return [Finding(OK, "layout", f"delayed_shards={store.shards} and delayed_bucket_ms="
                                   f"{store.config.bucket_ms} match the store; the schedulers' settings agree")]
 
 

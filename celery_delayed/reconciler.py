@@ -95,10 +95,11 @@ class Reconciler:
         """One full pass (bounded batches inside); return what it found and did."""
         t0 = time.monotonic()
         report = Report()
+        self.store.reload_layout(5.0)
         now = self.store.now_ms() if now_ms is None else now_ms
-        for shard in range(self.config.shards):
+        for shard in self.store.shard_range():
             self._rerelease(shard, now, report)
-        if self.rows is not None:
+        if self.rows is not None and self.store.moving_from is None:  # not while a reshard moves records
             self.rows.refresh_statistics()  # its reads below are index lookups only with statistics
             self._reindex(now, report)
             self._adopt_or_drop(now, report)
@@ -114,6 +115,7 @@ class Reconciler:
         commit and the Redis write, is indexed within about a second.
         """
         assert self.rows is not None
+        self.store.reload_layout(5.0)
         after: tuple[int, str] = (0, "")
         newest = since_ms
         while True:
@@ -124,12 +126,12 @@ class Reconciler:
             newest = max(newest, page[-1].created_ms)
             by_shard: dict[int, list[Row]] = defaultdict(list)
             for row in page:
-                by_shard[row.shard].append(row)
+                by_shard[row.home(self.store.shards)].append(row)
             for shard, rows in by_shard.items():
                 states = self.store.record_states(shard, [r.id for r in rows])
                 lost = [r for r in rows if states.get(r.id) is None]
                 if lost and not self.dry_run:
-                    self.store.schedule([r.as_new_job() for r in lost])
+                    self.store.schedule([r.as_new_job(self.store.shards) for r in lost])
             if len(page) < BATCH:
                 return newest
 
@@ -203,7 +205,7 @@ class Reconciler:
                 report.scanned_rows += len(page)
                 by_shard: dict[int, list[Row]] = defaultdict(list)
                 for row in page:
-                    by_shard[row.shard].append(row)
+                    by_shard[row.home(self.store.shards)].append(row)
                 for shard, rows in by_shard.items():
                     states = self.store.record_states(shard, [r.id for r in rows])
                     lost = [r for r in rows if states.get(r.id) is None]
@@ -212,7 +214,7 @@ class Reconciler:
                         report.details += [f"indexed again: {r.id} (row {r.state})" for r in lost]
                         report.reindexed += len(lost)
                         if not self.dry_run:
-                            self.store.schedule([r.as_new_job() for r in lost])
+                            self.store.schedule([r.as_new_job(self.store.shards) for r in lost])
                 if len(page) < BATCH:
                     break
 
@@ -220,7 +222,7 @@ class Reconciler:
 
     def _adopt_or_drop(self, now: int, report: Report) -> None:
         assert self.rows is not None
-        for shard in range(self.config.shards):
+        for shard in self.store.shard_range():
             for ids in self.store.scheduled_pages(shard, BATCH):
                 report.scanned_jobs += len(ids)
                 missing = set(ids) - self.rows.existing(ids)

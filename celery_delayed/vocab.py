@@ -31,6 +31,9 @@ class JobState(str, Enum):
     CANCELLED = "CANCELLED"
     EXPIRED = "EXPIRED"
     SKIPPED = "SKIPPED"
+    #: Being moved to another shard by ``delayed reshard`` (for milliseconds: its old
+    #: state is kept in the ``mvst`` field; an operation on it is tried again).
+    MOVING = "MOVING"
 
     def __str__(self) -> str:
         return self.value
@@ -90,12 +93,17 @@ class ScheduleField:
     LAST = "last"
     PAUSED = "paused"
     UPDATED = "updated"
+    #: '1' while ``delayed reshard`` moves it to another shard (the scripts leave it alone)
+    MOVING = "mv"
 
 
 class Field:
     """Names of the job record's fields (a Redis hash; the record schema is in ``store/records.py``)."""
 
     STATE = "st"
+    #: MOVING (``delayed reshard``): the state it had, and the time it died (a dead letter)
+    MOVED_STATE = "mvst"
+    MOVED_DIED = "mvdlq"
     DUE = "due"
     CREATED = "created"
     RELEASED = "released"

@@ -19,13 +19,15 @@ ARGV[6]  new cursor, ms
 ARGV[7]  most occurrences kept in KEYS[2] (the newest)
 ARGV[8..] occurrence id, fire time (ms), ...
 
-Returns {code}: OK, NOT_OWNER (lease not held) or WRONG_STATE (the schedule
+Returns {code}: OK, NOT_OWNER (lease not held, or a reshard is moving the
+schedule) or WRONG_STATE (the schedule
 changed or went away since it was read).
 ]]
 -- @include "common"
 
 if not lease_ok(KEYS[3], ARGV[2], ARGV[3]) then return {NOT_OWNER} end
-local r = redis.call('HMGET', KEYS[1], 'ver', 'last', 'paused')
+local r = redis.call('HMGET', KEYS[1], 'ver', 'last', 'paused', 'mv')
+if r[4] then return {NOT_OWNER} end  -- a reshard is moving it to another shard: its new holder goes on
 if r[1] ~= ARGV[4] or r[2] ~= ARGV[5] or r[3] == '1' then return {WRONG_STATE} end
 for i = 8, #ARGV, 2 do redis.call('ZADD', KEYS[2], ARGV[i + 1], ARGV[i]) end
 local keep = tonumber(ARGV[7])

@@ -13,10 +13,12 @@ ARGV[5]  how long a config removal's tombstone stays, ms: the schedule's hash
          keeps only csince (an older scheduler's config does not bring it back)
 
 Returns {code, id1, ..., idN}: OK, UNCHANGED (kept: it was added at run time)
-or NOT_FOUND; ids = its occurrences, for the caller to cancel.
+or NOT_FOUND; ids = its occurrences, for the caller to cancel; {'!moved'} while a
+reshard moves it (for milliseconds: the caller asks again).
 ]]
 -- @include "common"
 
+if redis.call('HEXISTS', KEYS[1], 'mv') == 1 then return {'!moved'} end  -- a reshard is moving it: ask again
 if redis.call('HEXISTS', KEYS[1], 'def') == 0 then  -- none, or a tombstone
   redis.call('SREM', KEYS[2], ARGV[2])
   return {NOT_FOUND}

@@ -14,6 +14,7 @@ Returns {code, id1, ..., idN}: OK, UNCHANGED (already so) or NOT_FOUND.
 -- @include "common"
 
 if redis.call('EXISTS', KEYS[1]) == 0 then return {NOT_FOUND} end
+if redis.call('HEXISTS', KEYS[1], 'mv') == 1 then return {'!moved'} end  -- a reshard is moving it: ask again
 local want = ARGV[2]
 if (redis.call('HGET', KEYS[1], 'paused') or '0') == want then return {UNCHANGED} end
 local now = now_ms(ARGV[1])

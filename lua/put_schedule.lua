@@ -26,11 +26,13 @@ paused schedule on a config change, moves the cursor to now (the new
 definition fires after now) and keeps the origin of intervals (set once, when
 the schedule is first seen).
 
-Returns {code, version, id1, ..., idN}: OK (written) or UNCHANGED; ids = the
+Returns {code, version, id1, ..., idN}: OK (written) or UNCHANGED (or {'!moved'}); ids = the
 occurrences created under the old definition, for the caller to cancel.
 ]]
 -- @include "common"
 
+local _, moved = placed(ARGV[8] or '', KEYS[1])
+if moved then return {'!moved'} end
 local now = now_ms(ARGV[1])
 local h = KEYS[1]
 local source, chash = ARGV[4], ARGV[5]

@@ -8,7 +8,8 @@ ARGV[1]  now, epoch ms ('' = the Redis server's TIME)
 ARGV[2]  job key prefix    {p}:{s}:job:
 ARGV[3]  bucket width, ms (0 = one due set)
 ARGV[4]  wake channel      {p}:wake
-ARGV[5]  shard number
+ARGV[5]  shard number, '<shard>/<count>': the shard count it was placed with
+         (refused, {'!moved'}, when a reshard sealed the shard against that count)
 ARGV[6]  C, the number of record fields shared by every job of this call
 ARGV[7 .. 6+2C]  C pairs: field name, value
 ARGV[7+2C]  F, the number of record fields each job carries itself
@@ -34,7 +35,8 @@ in the shard's stats (includes/ops.lua).
 Returns one entry per job, in order: '=<due ms>' when stored;
 '<state>|<due>|<gen>' of the record already held under that id; or {'!tpl'}
 when KEYS[4] is given, does not exist and no '~tpl' came with the call
-(nothing is written: call again with it).
+(nothing is written: call again with it); {'!moved'} (nothing written) when the
+shard was sealed against the caller's shard count.
 
 Compact jobs (store/compact.py) keep their template alive: its TTL is pushed
 to at least the latest due time of the call plus '~keep'.
@@ -47,7 +49,9 @@ local call = redis.call
 local NONE = {false}
 local now = now_ms(ARGV[1])
 local prefix, bucket_ms = ARGV[2], tonumber(ARGV[3])
-local channel, shard = ARGV[4], ARGV[5]
+local channel = ARGV[4]
+local shard, moved = placed(ARGV[5], KEYS[1])
+if moved then return {'!moved'} end
 local rec = {'st', 'SCHEDULED', 'due', 0, 'created', now}
 local at = 7 + 2 * tonumber(ARGV[6])
 -- A relative `exp` ('+<ms>') counts from this server's clock, as `due` does.

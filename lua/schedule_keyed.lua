@@ -9,7 +9,7 @@ ARGV[1]  now, epoch ms ('' = the Redis server's TIME)
 ARGV[2]  job key prefix    {p}:{s}:job:
 ARGV[3]  bucket width, ms (0 = one due set)
 ARGV[4]  wake channel      {p}:wake
-ARGV[5]  shard number
+ARGV[5]  shard number, '<shard>/<count>' as in schedule.lua (refused: {'!moved'})
 ARGV[6]  mode: 'debounce' or 'throttle'
 ARGV[7]  debounce: max_wait, ms ('' = none); throttle: the window, ms
 ARGV[8]  record ttl, ms (how long the entry and a template outlive the due time)
@@ -41,7 +41,9 @@ when KEYS[5] is given, does not exist and no '~tpl' came (nothing written).
 
 local call = redis.call
 local now = now_ms(ARGV[1])
-local prefix, bucket_ms, channel, shard = ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
+local prefix, bucket_ms, channel = ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local shard, moved = placed(ARGV[5], KEYS[1])
+if moved then return {'!moved'} end
 local mode, limit, ttl = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
 local entry, base = KEYS[4], shard_base(KEYS[1])
 

@@ -16,9 +16,9 @@ and every app it loads is installed).
 from __future__ import annotations
 
 from ..plugin import register_with_celery
-from . import dlq, durability, jobs, ops, scheduler, schedules, web
+from . import dlq, durability, jobs, ops, reshard, scheduler, schedules, web
 from ._common import delayed
 
-__all__ = ["delayed", "dlq", "durability", "jobs", "ops", "scheduler", "schedules", "web"]
+__all__ = ["delayed", "dlq", "durability", "jobs", "ops", "reshard", "scheduler", "schedules", "web"]
 
 register_with_celery()

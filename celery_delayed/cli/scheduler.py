@@ -102,7 +102,8 @@ def status(ctx: click.Context, as_json: bool) -> None:
         click.echo(json.dumps({"shards": rows, "schedulers": members, "warnings": warnings, "mirror": mirror,
                                "eta_fallbacks": fallbacks.as_dict(), "paused": paused, "schedules": scheds,
                                "replication": replication, "release_path": path, "release_path_reason": why,
-                               "cluster": store.config.redis_cluster}))
+                               "cluster": store.config.redis_cluster, "layout_shards": store.shards,
+                               "resharding_from": store.moving_from}))
         return
     click.echo(f"{'shard':>5} {'pending':>9} {'overdue':>8} {'inflight':>8}  next due / oldest overdue")
     for r in rows:
@@ -117,6 +118,9 @@ def status(ctx: click.Context, as_json: bool) -> None:
                + f"; release path: {path} ({why})")
     if where:
         click.echo(where)
+    if store.moving_from is not None:
+        click.echo(f"RESHARD in progress: {store.moving_from} -> {store.shards} shards "
+                   f"(`delayed reshard --shards {store.shards}` finishes it)")
     if mirror is not None:
         lag = mirror["lag_s"]
         click.echo(f"database mirror: {mirror['pending_changes']} change(s) not yet applied"
@@ -137,7 +141,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
 def _mirror_lag(store: Store) -> dict[str, Any]:
     """The state changes waiting for the database mirror, over all shards, and the age of the oldest."""
     pending, oldest = 0, None
-    for s in range(store.config.shards):
+    for s in store.shard_range():
         n, first = store.changes_lag(s)
         pending += n
         if first is not None:

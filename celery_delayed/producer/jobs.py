@@ -267,7 +267,7 @@ class PlainCalls:
                  root_id: Any, parent_id: Any, tz: Any, expires: Any = None) -> None:
         self.store, self.tmpl, self.common, self.compact, self.tz = store, tmpl, common, compact, tz
         self.root_id, self.parent_id = root_id, parent_id
-        self.n_shards = store.config.shards
+        self.n_shards = store.shards
         self.expires = expires
 
     @staticmethod

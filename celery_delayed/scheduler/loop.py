@@ -29,7 +29,7 @@ from ..config import get_config
 from ..doctor import PROBLEM, store_findings
 from ..errors import ConfigurationError, DelayedError, LeaseLost, StoreFull, StoreUnavailable
 from ..schedules import config_entries
-from ..store import Store
+from ..store import LAYOUT_NOTICE, Store
 from .maintenance import Maintenance
 from .mover import Mover, make_mover
 from .recurring import Recurrer
@@ -43,6 +43,8 @@ logger = logging.getLogger("celery_delayed.scheduler")
 _TRANSIENT = (StoreUnavailable, OperationalError, OSError)
 _MAX_BACKOFF_S = 5.0
 _INF = float("inf")
+#: Heartbeats between two reads of the store's layout (a reshard also tells the schedulers at once).
+LAYOUT_EVERY = 2
 
 
 def share(members: list[str], owner: str, shards: int) -> set[int]:
@@ -105,6 +107,8 @@ class Scheduler:
         self._next_heartbeat = 0.0  # time.monotonic() of the next heartbeat
         self._joined = False
         self._checked = False
+        self._beats = 0
+        self._layout_due = False
         #: the error that stopped the scheduler for good (a setting that disagrees with the store's)
         self.fatal: ConfigurationError | None = None
         # Wake-ups that arrive while a shard is being moved: the move's result
@@ -135,6 +139,8 @@ class Scheduler:
                 self._wake.set()
 
     def _on_members(self, owner: str) -> None:
+        if owner == LAYOUT_NOTICE:  # a reshard changed the layout: read it at the next heartbeat, now
+            self._layout_due = True
         if owner != self.owner:
             self._next_heartbeat = 0.0
             self._wake.set()
@@ -152,6 +158,13 @@ class Scheduler:
     def _heartbeat(self) -> None:
         """Renew the membership, then take, keep or give up shard leases to match the live members."""
         self._next_heartbeat = time.monotonic() + self.heartbeat_s
+        self._beats += 1
+        if self._layout_due or self._beats % LAYOUT_EVERY == 0:  # follow a reshard (told, or found out)
+            self._layout_due = False
+            if self.store.reload_layout():
+                logger.info("scheduler %s: the store's layout is now %d shards%s", self.owner, self.store.shards,
+                            f" (a reshard is moving jobs from {self.store.moving_from})"
+                            if self.store.moving_from else "")
         now, members = self.store.heartbeat(self.owner)
         self._observe(now)
         self._hold(members)
@@ -190,7 +203,7 @@ class Scheduler:
         """
         with self._lock:
             before = dict(self.shards)
-        wanted = share(members, self.owner, self.config.shards)
+        wanted = share(members, self.owner, self.store.span)
         give = set(before) - wanted
         held, waits = self.store.hold_shards(self.owner, wanted, give)
         with self._lock:
@@ -211,7 +224,7 @@ class Scheduler:
         if gained or lost:
             logger.info(
                 "scheduler %s holds %d shard(s) of %d with %d member(s)%s%s%s",
-                self.owner, len(held), self.config.shards, len(members),
+                self.owner, len(held), self.store.span, len(members),
                 f"; gained {sorted(gained)}" if gained else "",
                 f"; lost {sorted(lost)}" if lost else "",
                 f"; waiting for {len(waits)}" if waits else "",
@@ -362,7 +375,7 @@ class Scheduler:
         logger.info(
             "celery-delayed scheduler %s starting (%s path, %d shards, prefix %r)",
             self.owner, "direct" if self.store.direct else "publish",
-            self.config.shards, self.config.key_prefix,
+            self.store.shards, self.config.key_prefix,
         )
         self._listener.start()
         backoff = 0.1

@@ -23,7 +23,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, SQLAlch
 
 from ..config import get_config
 from ..errors import ConfigurationError, DatabaseUnavailable, DuplicateJob
-from ..store import NewJob
+from ..store import NewJob, rehome, shard_for
 from ..vocab import Field, JobState
 from .schema import SCHEMA_VERSION, jobs, metadata, schema
 
@@ -75,10 +75,16 @@ class Row:
     attempts: int = 0
     finished_ms: int | None = None
 
-    def as_new_job(self) -> NewJob:
-        """The job as schedule.lua takes it, to index it in Redis again."""
+    def home(self, shards: int) -> int:
+        """The job's shard under a layout of ``shards`` (its row's ``shard`` may predate a reshard)."""
+        return shard_for(self.record.get(Field.SHARD_KEY) or self.id, shards)
+
+    def as_new_job(self, shards: int | None = None) -> NewJob:
+        """The job as schedule.lua takes it, to index it in Redis again (in its home under ``shards``, if given)."""
         fields = {k: v for k, v in self.record.items() if k not in (Field.DUE, Field.CREATED, Field.STATE)}
-        return NewJob(self.id, self.shard, str(self.due_ms), fields)
+        job = NewJob(self.id, self.shard, str(self.due_ms), fields)
+        home = self.shard if shards is None else self.home(shards)
+        return job if home == self.shard else rehome(job, home)
 
 
 def _row(r: Any) -> Row:
@@ -356,6 +362,15 @@ class JobRows:
         return n
 
     @_translated
+    def set_shard(self, ids: Sequence[str], shard: int) -> int:
+        """Record that the jobs of ``ids`` live in ``shard`` now (a reshard moved them); return how many rows."""
+        if not ids:
+            return 0
+        with self.engine.begin() as conn:
+            res = conn.execute(update(jobs).where(jobs.c.prefix == self.prefix, jobs.c.id.in_(list(ids)),
+                                                  jobs.c.shard != shard).values(shard=shard))
+        return int(res.rowcount or 0)
+
     def delete(self, ids: Sequence[str]) -> int:
         """Delete rows (jobs whose caller's transaction never committed its row: not called for those)."""
         if not ids:

@@ -15,13 +15,14 @@ import dataclasses
 from celery import Celery
 
 from .broker_layout import BrokerLayout
-from .gateway import Store, WakeSubscription
+from .gateway import LAYOUT_NOTICE, Store, WakeSubscription
 from .health import ServerHealth
 from .keys import Keys, ShardKeys, shard_for
-from .records import Batch, NewJob, Outcome, Scheduled, Started
+from .records import Batch, NewJob, Outcome, Scheduled, Started, rehome
 from .views import DeadLetter, DeadLetters, EtaFallbacks, Pending, ShardStatus
 
 __all__ = [
+    "LAYOUT_NOTICE",
     "Batch",
     "BrokerLayout",
     "DeadLetter",
@@ -39,6 +40,7 @@ __all__ = [
     "Store",
     "WakeSubscription",
     "get_store",
+    "rehome",
     "set_store",
     "shard_for",
 ]

@@ -31,6 +31,7 @@ from ..errors import (
     JobNotFound,
     LeaseLost,
     ReplicationTimeout,
+    StoreUnavailable,
     raise_for,
 )
 from ..vocab import ETA_FALLBACK_LAST, ETA_FALLBACKS, Field, JobState, Reply
@@ -41,12 +42,14 @@ from .compact import Template
 from .keys import Keys, ShardKeys, index_part, parse_index_part, shard_for
 from .lane import Lanes
 from .loader import Arg, Script, Scripts, scripts
-from .records import NEW_JOB_FIELDS, Batch, NewJob, Outcome, Scheduled, Started
+from .records import NEW_JOB_FIELDS, Batch, NewJob, Outcome, Scheduled, Started, rehome
 
 #: Delay before a job the broker refused is published again, ms (doubled after each refusal).
 _REFUSED_DELAY_MS = 1000
 #: Payload prefix of a membership notice on the wake channel.
 MEMBERS_NOTICE = "members|"
+#: The "owner" of the membership notice a reshard sends when it changes the layout.
+LAYOUT_NOTICE = "~layout"
 
 
 #: Record fields that hold a job's message (full, or a compact record's own part).
@@ -93,6 +96,11 @@ class Store:
         self.keys = Keys(self.config.key_prefix)
         self.broker = BrokerLayout.from_app(app, self.config)
         self._layout_ok = False
+        #: The layout's shard count (``delayed_shards`` until the layout is read; a reshard changes it live).
+        self._shards = self.config.shards
+        #: The count a reshard in progress moves from (None: no reshard is moving jobs).
+        self._moving_from: int | None = None
+        self._layout_read_at = 0.0
         self._scripts: Scripts | None = None
         self._lanes_of: Lanes | None = None
         #: (shard, template id) this store sent to the server (compact records)
@@ -231,7 +239,9 @@ class Store:
 
         Both decide which keys hold a job: a producer and a scheduler that
         disagree would leave jobs where no scheduler looks. The first user of a
-        prefix records them; later ones must match. Checked once per Store.
+        prefix records them; later ones must match (``delayed reshard`` is the
+        way to change the shard count). Checked once per Store; after that the
+        store follows the layout as a reshard changes it (:meth:`reload_layout`).
 
         Raises:
             ConfigurationError: the settings differ from the store's.
@@ -240,23 +250,76 @@ class Store:
         if self._layout_ok:
             return
         want = {"shards": str(self.config.shards), "bucket_ms": str(self.config.bucket_ms)}
-        got: list[str | None] = self.client.hmget(self.keys.layout, list(want))  # type: ignore[assignment]
+        got: list[str | None] = self.client.hmget(  # type: ignore[assignment]
+            self.keys.layout, [*want, "from"])
         # (a read first: it works on a full Redis too)
-        if None in got:  # the first user of this prefix records the layout
+        if None in got[:2]:  # the first user of this prefix records the layout
             pipe = self.client.pipeline(transaction=False)
             for name, value in want.items():
                 pipe.hsetnx(self.keys.layout, name, value)
-            pipe.hmget(self.keys.layout, list(want))
+            pipe.hmget(self.keys.layout, [*want, "from"])
             got = pipe.execute()[-1]
-        for (name, value), held in zip(want.items(), got, strict=True):
+        for (name, value), held in zip(want.items(), got, strict=False):
             if held != value:
+                moving = f" (a reshard from {got[2]} shards is in progress)" if got[2] else ""
+                fix = (f"set delayed_shards = {held}, the store's count; `celery -A proj delayed reshard --shards N` "
+                       "changes it" if name == "shards" else "use another delayed_key_prefix to change it")
                 raise ConfigurationError(
                     f"delayed_{name} is {value}, but the store under prefix {self.config.key_prefix!r} "
-                    f"was created with {held}: every producer and scheduler of one store must use the "
-                    "same delayed_shards and delayed_bucket_ms (use another delayed_key_prefix to change them)"
+                    f"has {held}{moving}: every producer and scheduler of one store must use the "
+                    f"same delayed_shards and delayed_bucket_ms ({fix})"
                 )
+        self._moving_from = int(got[2]) if got[2] else None
+        self._layout_read_at = time.monotonic()
         self._check_direct()
         self._layout_ok = True
+
+    @property
+    def shards(self) -> int:
+        """The number of shards new jobs are spread over: the store's layout (``delayed_shards`` at creation)."""
+        return self._shards
+
+    @property
+    def moving_from(self) -> int | None:
+        """The shard count a reshard in progress moves jobs from (None: no reshard in progress)."""
+        return self._moving_from
+
+    @property
+    def span(self) -> int:
+        """How many shards may hold jobs: :attr:`shards`, or more while a reshard moves jobs out of the others."""
+        return max(self._shards, self._moving_from or 0)
+
+    def shard_range(self) -> range:
+        """Every shard that may hold jobs (``range(span)``): what a scan of the whole store visits.
+
+        The layout is read first if this store has not read it yet (a reshard may have changed the count).
+        """
+        if not self._layout_read_at:
+            self.reload_layout()
+        return range(self.span)
+
+    def reload_layout(self, max_age_s: float = 0.0) -> bool:
+        """Read the layout again (at most every ``max_age_s``) and follow it; return True when it changed.
+
+        A running producer, scheduler or worker follows a reshard without a
+        restart: the scripts refuse a write made with the old count, the
+        schedulers re-read the layout when told and every few heartbeats.
+        """
+        if max_age_s and time.monotonic() - self._layout_read_at < max_age_s:
+            return False
+        got: list[str | None] = self.client.hmget(self.keys.layout, ["shards", "from"])  # type: ignore[assignment]
+        self._layout_read_at = time.monotonic()
+        if got[0] is None:
+            return False
+        before = (self._shards, self._moving_from)
+        self._shards, self._moving_from = int(got[0]), (int(got[1]) if got[1] else None)
+        return (self._shards, self._moving_from) != before
+
+    def valid_shard(self, shard: int | None) -> bool:
+        """Whether ``shard`` (a message's ``delayed_shard`` header) is a shard of this store (the layout read again)."""
+        if shard is None or shard < 0:
+            return False
+        return shard < self.span or (self.reload_layout(1.0) and shard < self.span)
 
     def _check_direct(self) -> None:
         """Refuse a forced direct path whose broker is not the store's server (and database).
@@ -301,8 +364,8 @@ class Store:
         return {str(k): str(v) for k, v in self.client.hgetall(self.keys.layout).items()}
 
     def shard_of(self, job_id: str, shard_key: str | None = None) -> int:
-        """The shard a job lives in: ``crc32(shard_key or job_id) % delayed_shards``."""
-        return shard_for(shard_key or job_id, self.config.shards)
+        """The shard a job lives in: ``crc32(shard_key or job_id) % shards`` (the layout's count)."""
+        return shard_for(shard_key or job_id, self._shards)
 
     def drop_everything(self) -> int:
         """Delete every key under this store's prefix; return how many (the testing kit's clean-up).
@@ -353,11 +416,49 @@ class Store:
         taken keeps the record that was there (``created`` is False).
         """
         self.check_layout()
+        out: list[Scheduled | None] = [None] * len(jobs)
+        todo = list(range(len(jobs)))
+        for _attempt in range(4):
+            if self._shards != self.config.shards or self._moving_from:  # a reshard was seen: place them anew
+                jobs = [j if j.shard == self._home(j) else rehome(j, self._home(j)) for j in jobs]
+                if self._moving_from:
+                    todo = self._held_elsewhere(jobs, todo, out)
+            moved = self._schedule(jobs, todo, out, now_ms)
+            if not moved:
+                return [s for s in out if s is not None]
+            self.reload_layout()  # a reshard sealed their shards: read the new count and place them again
+            todo = moved
+        raise StoreUnavailable(f"{len(todo)} job(s) could not be placed: the store's layout keeps changing (a reshard)")
+
+    def _home(self, job: NewJob) -> int:
+        """The shard ``job`` belongs in under the layout's count (by its shard key, else its id)."""
+        return shard_for(job.fields.get(Field.SHARD_KEY) or job.id, self._shards)
+
+    def _held_elsewhere(self, jobs: Sequence[NewJob], todo: list[int], out: list[Scheduled | None]) -> list[int]:
+        """While a reshard moves jobs: a job whose id is held in its old-layout shard is not stored again."""
+        old = self._moving_from or self._shards
+        where = {i: shard_for(jobs[i].fields.get(Field.SHARD_KEY) or jobs[i].id, old) for i in todo}
+        look = [i for i in todo if where[i] != jobs[i].shard]
+        if not look:
+            return todo
+        pipe = self.client.pipeline(transaction=False)
+        for i in look:
+            pipe.hmget(self.keys.shard(where[i]).job(jobs[i].id), Field.STATE, Field.DUE, Field.GENERATION)
+        held = set()
+        for i, (state, due, gen) in zip(look, pipe.execute(), strict=True):
+            if state is not None:
+                held.add(i)
+                out[i] = Scheduled(jobs[i].id, where[i], int(float(due or 0)), False, str(state), int(gen or 0))
+        return [i for i in todo if i not in held]
+
+    def _schedule(self, jobs: Sequence[NewJob], todo: Sequence[int], out: list[Scheduled | None],
+                  now_ms: int | None) -> list[int]:
+        """Store ``jobs[i]`` for i in ``todo`` into ``out``; return the indices a reshard's seal refused."""
         # One call per shard and set of shared fields; the shared fields go
         # once per call, the others once per job.
         groups: dict[tuple[int, int], list[int]] = defaultdict(list)
-        for i, job in enumerate(jobs):
-            groups[(job.shard, id(job.common))].append(i)
+        for i in todo:
+            groups[(jobs[i].shard, id(jobs[i].common))].append(i)
         calls: list[tuple[list[str], list[Arg]]] = []
         order: list[tuple[int, list[int]]] = []
         compact: list[Template | None] = []
@@ -378,8 +479,8 @@ class Store:
             present = set().union(*(jobs[i].fields.keys() for i in idx))
             own = [f for f in NEW_JOB_FIELDS
                    if f in present and f not in common and any(jobs[i].fields.get(f) for i in idx)]
-            args: list[Arg] = [self._now(now_ms), sk.job_prefix, self.config.bucket_ms, self.keys.wake, shard,
-                               len(shared) // 2, *shared, len(own), *own]
+            args: list[Arg] = [self._now(now_ms), sk.job_prefix, self.config.bucket_ms, self.keys.wake,
+                               f"{shard}/{self._shards}", len(shared) // 2, *shared, len(own), *own]
             if own == ["msg"]:
                 for i in idx:
                     args += (jobs[i].id, jobs[i].due, jobs[i].fields["msg"])
@@ -389,9 +490,13 @@ class Store:
                     args += [job.id, job.due, *(job.fields.get(f, "") for f in own)]
             calls.append((keys, args))
             order.append((shard, idx))
-        what = f"scheduling {len(jobs)} job{'s' if len(jobs) != 1 else ''}"
+        what = f"scheduling {len(todo)} job{'s' if len(todo) != 1 else ''}"
         replies = self._run_many(self.scripts.schedule, calls, wait=what)
+        moved: list[int] = []
         for n, reply in enumerate(replies):
+            if reply == ["!moved"]:
+                moved += order[n][1]
+                continue
             tmpl = compact[n]
             if tmpl is None:
                 continue
@@ -402,15 +507,16 @@ class Store:
                 args = [*args[:5], int(args[5]) + 1, *args[6:at], "~tpl", tmpl.text, *args[at:]]
                 replies[n] = self._run_acked(self.scripts.schedule, keys, args, what)
             self._templates_sent.add((shard, tmpl.tid))
-        out: list[Scheduled | None] = [None] * len(jobs)
         for (shard, idx), reply in zip(order, replies, strict=True):
+            if reply == ["!moved"]:
+                continue
             for i, entry in zip(idx, reply, strict=True):
                 if entry.startswith("="):
                     out[i] = Scheduled(jobs[i].id, shard, int(entry[1:]), True, JobState.SCHEDULED)
                 else:
                     state, due, gen = [*entry.split("|"), "", ""][:3]
                     out[i] = Scheduled(jobs[i].id, shard, int(float(due or 0)), False, state, int(gen or 0))
-        return [s for s in out if s is not None]
+        return moved
 
     def schedule_keyed(
         self, job: NewJob, mode: str, key: str, limit_ms: int | None, now_ms: int | None = None,
@@ -425,6 +531,18 @@ class Store:
         was created (then with ``job.id``).
         """
         self.check_layout()
+        for _attempt in range(4):
+            if job.shard != self._home(job):  # placed before a reshard this process has seen
+                job = rehome(job, self._home(job))
+            reply = self._schedule_keyed(job, mode, key, limit_ms, now_ms)
+            if isinstance(reply, Scheduled):
+                return reply
+            self.reload_layout()  # a reshard sealed its shard: place it again
+        raise StoreUnavailable(f"job {job.id!r} could not be placed: the store's layout keeps changing (a reshard)")
+
+    def _schedule_keyed(
+        self, job: NewJob, mode: str, key: str, limit_ms: int | None, now_ms: int | None,
+    ) -> Scheduled | None:
         shard = job.shard
         sk = self.keys.shard(shard)
         keys = [sk.due, sk.buckets, sk.next, sk.keyed(mode, key)]
@@ -432,7 +550,8 @@ class Store:
         tmpl = job.template
         if tmpl is not None:
             keys.append(sk.template(tmpl.tid))
-        head: list[Arg] = [self._now(now_ms), sk.job_prefix, self.config.bucket_ms, self.keys.wake, shard, mode,
+        head: list[Arg] = [self._now(now_ms), sk.job_prefix, self.config.bucket_ms, self.keys.wake,
+                           f"{shard}/{self._shards}", mode,
                            "" if limit_ms is None else limit_ms, self.config.record_ttl_ms, job.id, job.due]
         send_tpl = tmpl is not None and (shard, tmpl.tid) not in self._templates_sent
         for _ in range(2):
@@ -440,6 +559,8 @@ class Store:
             reply = self._run_acked(self.scripts.schedule_keyed, keys,
                                     [*head, (len(pairs) + len(extra)) // 2, *pairs, *extra],
                                     f"scheduling job {job.id!r} ({mode} key {key!r})")
+            if reply == ["!moved"]:
+                return None
             if reply != ["!tpl"]:
                 break
             send_tpl = True  # the server has not got the template (first use, or it was lost)
@@ -466,23 +587,26 @@ class Store:
         """
         if not isinstance(job_id, str) or not job_id:
             raise InvalidOption(f"a job id must be a non-empty string, got {type(job_id).__name__} {job_id!r}")
-        tried = []
-        for s in (shard, self.shard_of(job_id)):
-            if s is not None and s not in tried:
-                tried.append(s)
-                if self.client.exists(self.keys.shard(s).job(job_id)):
+        for _ in range(2):
+            tried = []
+            for s in (shard, self.shard_of(job_id)):
+                if s is not None and s not in tried:
+                    tried.append(s)
+                    if self.client.exists(self.keys.shard(s).job(job_id)):
+                        return s
+            pipe = self.client.pipeline(transaction=False)
+            for s in self.shard_range():
+                pipe.exists(self.keys.shard(s).job(job_id))
+            for s, hit in enumerate(pipe.execute()):
+                if hit:
                     return s
-        pipe = self.client.pipeline(transaction=False)
-        for s in range(self.config.shards):
-            pipe.exists(self.keys.shard(s).job(job_id))
-        for s, hit in enumerate(pipe.execute()):
-            if hit:
-                return s
+            if not self.reload_layout(1.0):  # a reshard this process has not seen yet may have moved it
+                break
         raise JobNotFound(job_id)
 
     def locate_many(self, job_ids: Sequence[str]) -> dict[str, int]:
         """The shard of each of ``job_ids`` that has a record, in one round trip (the others are left out)."""
-        n = self.config.shards
+        n = self.span
         pipe = self.client.pipeline(transaction=False)
         for job_id in job_ids:
             for s in range(n):
@@ -551,6 +675,18 @@ class Store:
                 return fields.get(Field.TASK, ""), fields.get(Field.QUEUE, "")
         return task or "", queue or ""
 
+    def _moving_retry(self, operation: Callable[[int | None], Any], shard: int | None) -> Any:
+        """Run ``operation(shard)``; while a reshard moves the job (MOVING: milliseconds), find it again and retry."""
+        deadline = time.monotonic() + 10.0
+        while True:
+            try:
+                return operation(shard)
+            except InvalidState as exc:
+                if exc.state != JobState.MOVING or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.02)
+            shard = None  # it is in its new shard now, or soon
+
     def cancel(
         self, job_id: str, shard: int | None = None, now_ms: int | None = None, running: bool = False,
     ) -> str:
@@ -563,6 +699,9 @@ class Store:
             JobNotFound: no such job.
             InvalidState: it is running, finished or cancelled already.
         """
+        return str(self._moving_retry(lambda at: self._cancel(job_id, at, now_ms, running), shard))
+
+    def _cancel(self, job_id: str, shard: int | None, now_ms: int | None, running: bool) -> str:
         s = self.locate(job_id, shard)
         sk = self.keys.shard(s)
         code, state = self._run_acked(
@@ -580,6 +719,9 @@ class Store:
             JobNotFound: no such job.
             InvalidState: it is not SCHEDULED any more.
         """
+        return int(self._moving_retry(lambda at: self._reschedule(job_id, due, at, now_ms), shard))
+
+    def _reschedule(self, job_id: str, due: str, shard: int | None, now_ms: int | None) -> int:
         s = self.locate(job_id, shard)
         sk = self.keys.shard(s)
         code, state, new_due = self._run_acked(
@@ -1066,7 +1208,7 @@ class Store:
         """Set pause flags on every shard (``pause.lua``): ``all``, ``task:<name>``, ``queue:<name>``."""
         self.check_layout()
         self._run_many(self.scripts.pause, [self._pause_call(s, now_ms, ["pause", 0, 0, *flags])
-                                            for s in range(self.config.shards)])
+                                            for s in self.shard_range()])
 
     def resume(self, flags: Sequence[str] = (), now_ms: int | None = None, batch: int = 1000) -> int:
         """Clear pause flags on every shard (none given: all of them) and put back the jobs they held.
@@ -1076,7 +1218,7 @@ class Store:
         """
         self.check_layout()
         moved = 0
-        for s in range(self.config.shards):
+        for s in self.shard_range():
             at = 0
             while at >= 0:
                 n, at = self._run(self.scripts.pause, *self._pause_call(s, now_ms, ["resume", batch, at, *flags]))
@@ -1086,7 +1228,7 @@ class Store:
     def pauses(self) -> dict[str, int]:
         """The pause flags in force (any shard's), each with when it was set (epoch ms)."""
         pipe = self.client.pipeline(transaction=False)
-        for s in range(self.config.shards):
+        for s in self.shard_range():
             pipe.hgetall(self.keys.shard(s).paused)
         out: dict[str, int] = {}
         for flags in pipe.execute():
@@ -1108,6 +1250,9 @@ class Store:
             JobNotFound: no such job.
             InvalidState: it is not SCHEDULED any more.
         """
+        return int(self._moving_retry(lambda at: self._promote(job_id, at, now_ms), shard))
+
+    def _promote(self, job_id: str, shard: int | None, now_ms: int | None) -> int:
         s = self.locate(job_id, shard)
         sk = self.keys.shard(s)
         _n, now, state = self._run(
@@ -1129,7 +1274,7 @@ class Store:
         """
         _need_match(task, queue)
         total = 0
-        for s in range(self.config.shards):
+        for s in self.shard_range():
             parts = self.index_parts(s, task, queue)
             sk = self.keys.shard(s)
             while parts:
@@ -1157,7 +1302,7 @@ class Store:
         lo = "-inf" if due_from_ms is None else str(int(due_from_ms))
         hi = "+inf" if due_to_ms is None else str(int(due_to_ms))
         out: list[str] = []
-        for s in range(self.config.shards):
+        for s in self.shard_range():
             parts = self.index_parts(s, task, queue)
             sk = self.keys.shard(s)
             while parts:

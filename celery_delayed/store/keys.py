@@ -40,6 +40,10 @@ so a script that touches one shard touches one slot::
                                               (a schedule's shard: crc32(name) % shards)
     {prefix}:{<s>}:sched:<name>        HASH   a recurring schedule (``vocab.ScheduleField``)
     {prefix}:{<s>}:occ:<name>          ZSET   its recent occurrences: job id -> fire time (ms)
+    {prefix}:{<s>}:sealed              STRING a shard count writes may no longer place jobs with
+                                              (set by ``delayed reshard``; ``placed`` in lua/includes/common.lua)
+    {prefix}:{<s>}:moving              SET    ids ``delayed reshard`` took out of the shard and has not
+                                              finished moving (``store/reshard.py``)
 
 (the scripts derive stats, ix, ixs, paused and held from the shard's base, ``{prefix}:{<s>}:``,
 of a key they are given: ``lua/includes/ops.lua``)
@@ -50,7 +54,9 @@ and, outside any shard::
     {prefix}:{{prefix}:schedulers}:settings
                                        HASH   scheduler owner token -> the settings every
                                               scheduler must share ("lease_ms=30000")
-    {prefix}:layout                    HASH   shards, bucket_ms: fixed when the store is created
+    {prefix}:layout                    HASH   shards, bucket_ms: recorded when the store is created;
+                                              shards changes only by ``delayed reshard`` (and
+                                              ``from``, the old count, while it moves jobs)
     {prefix}:schedules                 SET    names of every recurring schedule (the schedulers
                                               read it every few seconds instead of each shard's)
     {prefix}:{reconcile}               STRING "<owner>|<fence>": the scheduler running the

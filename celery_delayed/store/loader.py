@@ -130,6 +130,9 @@ class Scripts:
         self.drop_schedule = Script("drop_schedule", flags)
         self.pause_schedule = Script("pause_schedule", flags)
         self.advance_schedule = Script("advance_schedule", flags)
+        # delayed reshard
+        self.move_out = Script("move_out", flags)
+        self.move_in = Script("move_in", flags)
 
     def all(self) -> list[Script]:
         """Every script, in declaration order."""

@@ -65,11 +65,12 @@ when longer and the job has an idempotency key).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..vocab import Field, JobState, Reply
+from ..vocab import SHARD_HEADER, Field, JobState, Reply
 from .compact import FIELDS as COMPACT_FIELDS
 from .compact import Template, fast_uuid4, render
 
@@ -104,6 +105,27 @@ class NewJob:
         out.update(t.fields)
         out[Field.MESSAGE] = render(t, self.id, self.shard, self.fields, fast_uuid4())
         return out
+
+
+def rehome_message(msg: str, shard: int) -> str:
+    """A stored kombu envelope (JSON) with its ``delayed_shard`` header set to ``shard`` (a job placed anew)."""
+    envelope = json.loads(msg)
+    headers = envelope.get("headers")
+    if not isinstance(headers, dict) or headers.get(SHARD_HEADER) == shard:
+        return msg
+    headers[SHARD_HEADER] = shard
+    return json.dumps(envelope)
+
+
+def rehome(job: NewJob, shard: int) -> NewJob:
+    """``job`` placed in ``shard`` instead (a reshard changed the count): its stored message says so too.
+
+    A compact job's message is rendered at release with the shard it is in;
+    a full one's ``delayed_shard`` header is rewritten.
+    """
+    msg = job.fields.get(Field.MESSAGE)
+    fields = job.fields if not msg else {**job.fields, Field.MESSAGE: rehome_message(msg, shard)}
+    return replace(job, shard=shard, fields=fields)
 
 
 @dataclass(frozen=True)

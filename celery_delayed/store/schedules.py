@@ -9,12 +9,13 @@ every script touches one slot. The fields are :class:`~celery_delayed.vocab.Sche
 from __future__ import annotations
 
 import json
+import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import LeaseLost
+from ..errors import LeaseLost, StoreUnavailable
 from ..vocab import Reply, ScheduleField
 from .client import translate_errors
 from .gateway import Store
@@ -72,7 +73,7 @@ class ScheduleRecords:
 
     def shard_of(self, name: str) -> int:
         """The shard of a schedule and of all its occurrences: ``crc32(name) % shards``."""
-        return shard_for(name, self.store.config.shards)
+        return shard_for(name, self.store.shards)
 
     def _keys(self, name: str) -> tuple[int, list[str]]:
         s = self.shard_of(name)
@@ -82,6 +83,26 @@ class ScheduleRecords:
     def _run(self, script_name: str, keys: Sequence[str], args: Sequence[Arg]) -> Any:
         script = getattr(self.store.scripts, script_name)
         return script(self.store.client, keys, args)
+
+    def _on_shard(self, name: str, call: Callable[[int, list[str]], Any]) -> Any:
+        """``call(shard, keys)`` on the schedule's shard, again while a reshard moves it.
+
+        A reply ``!moved`` (the shard was sealed against this process's shard
+        count, or the schedule is being moved) or NOT_FOUND after a reshard
+        this process had not seen: the layout is read again and the call made
+        on the schedule's new shard.
+        """
+        deadline = time.monotonic() + 10.0
+        while True:
+            s, keys = self._keys(name)
+            reply = call(s, keys)
+            moved = reply and reply[0] == "!moved"
+            if not moved and not (reply and reply[0] == Reply.NOT_FOUND and self.store.reload_layout(1.0)):
+                return reply
+            if time.monotonic() > deadline:
+                raise StoreUnavailable(f"schedule {name!r} is being moved by a reshard for more than 10 s; try again")
+            if moved and not self.store.reload_layout():
+                time.sleep(0.02)
 
     def put(self, name: str, definition: dict[str, Any], source: str, config_hash: str = "",
             now_ms: int | None = None, since_ms: int = 0) -> tuple[bool, list[str]]:
@@ -93,11 +114,11 @@ class ScheduleRecords:
         than ``since_ms`` (this one's start) wrote it.
         """
         self.store.check_layout()
-        _, keys = self._keys(name)
         self.store.client.sadd(self.store.keys.schedules, name)  # the index first: a reader may see a name too early
-        reply = self._run("put_schedule", keys,
-                          [self.store._now(now_ms), name, json.dumps(definition, sort_keys=True), source, config_hash,
-                                 str(since_ms) if source == "config" else "", uuid.uuid4().hex[:16]])
+        text, epoch = json.dumps(definition, sort_keys=True), uuid.uuid4().hex[:16]
+        reply = self._on_shard(name, lambda s, keys: self._run(
+            "put_schedule", keys, [self.store._now(now_ms), name, text, source, config_hash,
+                                   str(since_ms) if source == "config" else "", epoch, f"{s}/{self.store.shards}"]))
         return int(reply[0]) == Reply.OK, [str(x) for x in reply[2:]]
 
     def drop(self, name: str, only_config: bool = False, since_ms: int = 0) -> tuple[int, list[str]]:
@@ -106,9 +127,9 @@ class ScheduleRecords:
         ``only_config``: only one that came from the config, and that no
         scheduler started later than ``since_ms`` wrote.
         """
-        _, keys = self._keys(name)
-        reply = self._run("drop_schedule", keys, [self.store._now(None), name, "config" if only_config else "",
-                                                  since_ms, self.store.config.record_ttl_ms])
+        reply = self._on_shard(name, lambda _s, keys: self._run(
+            "drop_schedule", keys, [self.store._now(None), name, "config" if only_config else "",
+                                    since_ms, self.store.config.record_ttl_ms]))
         if int(reply[0]) != Reply.UNCHANGED:
             self.store.client.srem(self.store.keys.schedules, name)
         return int(reply[0]), [str(x) for x in reply[1:]]
@@ -119,8 +140,8 @@ class ScheduleRecords:
 
     def set_paused(self, name: str, paused: bool, now_ms: int | None = None) -> tuple[int, list[str]]:
         """Pause or resume a schedule (``pause_schedule.lua``); return (reply code, occurrence ids to cancel)."""
-        _, keys = self._keys(name)
-        reply = self._run("pause_schedule", [keys[0], keys[2]], [self.store._now(now_ms), "1" if paused else "0"])
+        reply = self._on_shard(name, lambda _s, keys: self._run(
+            "pause_schedule", [keys[0], keys[2]], [self.store._now(now_ms), "1" if paused else "0"]))
         return int(reply[0]), [str(x) for x in reply[1:]]
 
     def advance(self, sched: StoredSchedule, owner: str, fence: str, new_last_ms: int,
@@ -172,7 +193,7 @@ class ScheduleRecords:
 
     def all(self) -> list[StoredSchedule]:
         """Every schedule of the store, sorted by name."""
-        return sorted(self.read(self.names(range(self.store.config.shards))), key=lambda x: x.name)
+        return sorted(self.read(self.names(self.store.shard_range())), key=lambda x: x.name)
 
     def occurrences(self, name: str) -> list[tuple[str, int]]:
         """A schedule's recent occurrences: (job id, fire time ms), the earliest first."""

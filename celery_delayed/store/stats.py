@@ -90,6 +90,8 @@ class Snapshot:
     paused: dict[str, int]  # pause flag -> since (epoch ms)
     next_due_ms: int | None = None
     per_shard: list[dict[str, Any]] = field(default_factory=list)
+    #: the shard count a reshard in progress moves jobs from (None: none in progress)
+    moving_from: int | None = None
 
     @property
     def unowned_shards(self) -> list[int]:
@@ -121,7 +123,8 @@ class FleetStats:
     def snapshot(self) -> Snapshot:
         """Every figure, summed over the shards."""
         store = self.store
-        n = store.config.shards
+        store.reload_layout(2.0)
+        n = store.span
         bucketed = store.config.bucket_ms > 0
         now = store.now_ms()
         pipe = store.client.pipeline(transaction=False)
@@ -199,7 +202,7 @@ class FleetStats:
         nexts = [r["next_due_ms"] for r in rows if r["next_due_ms"] is not None]
         oldest = min(nexts) if nexts else None
         return Snapshot(
-            now_ms=now, shards=n, counters=counters,
+            now_ms=now, shards=n, moving_from=store.moving_from, counters=counters,
             queued=max(0, totals.get("queued", 0)), running=max(0, totals.get("running", 0)),
             release_lateness=_hist(totals, "rl"), start_lateness=_hist(totals, "sl"),
             pending=sum(r["pending"] for r in rows), pending_by=pending_by,
@@ -213,10 +216,10 @@ class FleetStats:
     def coming_due(self, start_ms: int, step_ms: int, steps: int) -> list[int]:
         """How many scheduled jobs fall due in each of ``steps`` windows of ``step_ms`` from ``start_ms``."""
         store = self.store
-        keys = [store.keys.shard(s).due for s in range(store.config.shards)]
+        keys = [store.keys.shard(s).due for s in store.shard_range()]
         if store.config.bucket_ms > 0:
             pipe = store.client.pipeline(transaction=False)
-            for s in range(store.config.shards):
+            for s in store.shard_range():
                 pipe.zrangebyscore(store.keys.shard(s).buckets, start_ms - store.config.bucket_ms,
                                    start_ms + step_ms * steps)
             keys = [str(k) for ks in pipe.execute() for k in ks]

@@ -53,7 +53,7 @@ class ShardStatus:
         store = self.store
         now = store.now_ms() if now_ms is None else now_ms
         out = []
-        for s in range(store.config.shards):
+        for s in store.shard_range():
             due_keys = _due_keys(store, s)
             pipe = store.client.pipeline(transaction=False)
             for k in due_keys:
@@ -99,7 +99,7 @@ class EtaFallbacks:
 
 def _eta_fallbacks(store: Store) -> EtaFallbacks:
     pipe = store.client.pipeline(transaction=False)
-    for s in range(store.config.shards):
+    for s in store.shard_range():
         pipe.hmget(store.keys.shard(s).stats, ETA_FALLBACKS, ETA_FALLBACK_LAST)
     total, last = 0, ""
     for count, latest in pipe.execute():
@@ -127,9 +127,9 @@ class Pending:
         """
         _check_page(offset, limit)
         store = self.store
-        keys = [(s, store.keys.shard(s).index(p)) for s in range(store.config.shards)
+        keys = [(s, store.keys.shard(s).index(p)) for s in store.shard_range()
                 for p in store.index_parts(s, task)] if task else \
-            [(s, k) for s in range(store.config.shards) for k in [*_due_keys(store, s), store.keys.shard(s).held]]
+            [(s, k) for s in store.shard_range() for k in [*_due_keys(store, s), store.keys.shard(s).held]]
         streams = [self._shard_stream(s, k) for s, k in keys]
         merged = heapq.merge(*streams)
         out: list[dict[str, Any]] = []
@@ -157,7 +157,7 @@ class Pending:
         _check_page(0, limit)
         store = self.store
         wanted = set(queues)
-        streams = [self._shard_stream(s, k) for s in range(store.config.shards) for k in _due_keys(store, s)]
+        streams = [self._shard_stream(s, k) for s in store.shard_range() for k in _due_keys(store, s)]
         out: list[tuple[int, str]] = []
         batch: list[tuple[int, int, str]] = []
         for n, entry in enumerate(heapq.merge(*streams), 1):
@@ -230,7 +230,7 @@ class Pending:
         _check_page(0, limit)
         store = self.store
         keys: list[tuple[int, str]] = []
-        for s in range(store.config.shards):
+        for s in store.shard_range():
             sk = store.keys.shard(s)
             if task is not None or queue is not None:
                 keys += [(s, sk.index(p)) for p in store.index_parts(s, task, queue)]
@@ -322,7 +322,7 @@ class DeadLetters:
         """The number of dead letters over all shards."""
         store = self.store
         pipe = store.client.pipeline(transaction=False)
-        for s in range(store.config.shards):
+        for s in store.shard_range():
             pipe.zcard(store.keys.shard(s).dlq)
         return sum(int(n) for n in pipe.execute())
 
@@ -334,7 +334,7 @@ class DeadLetters:
         """
         _check_page(offset, limit)
         store = self.store
-        merged = heapq.merge(*(self._shard_stream(s) for s in range(store.config.shards)), key=lambda e: -e[0])
+        merged = heapq.merge(*(self._shard_stream(s) for s in store.shard_range()), key=lambda e: -e[0])
         out: list[DeadLetter] = []
         skipped = 0
         batch: list[tuple[float, int, str]] = []
@@ -403,7 +403,7 @@ class DeadLetters:
         """Schedule every dead letter (of one task name, if given) again; return how many."""
         store = self.store
         total = 0
-        for s in range(store.config.shards):
+        for s in store.shard_range():
             sk = store.keys.shard(s)
             stuck = 0  # letters requeue cannot move (no message), or of another task: skip past them
             while True:
@@ -437,7 +437,7 @@ class DeadLetters:
                 raise InvalidOption(f"older_than must be a number of seconds >= 0, got {older_than_s!r}")
             age_ms = int(older_than_s * 1000)
         total = 0
-        for s in range(self.store.config.shards):
+        for s in self.store.shard_range():
             while True:
                 n = self.store.purge_dead(s, age_ms, _PURGE_BATCH)
                 total += n

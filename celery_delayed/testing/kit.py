@@ -280,7 +280,7 @@ class DelayedTestKit:
         """
         self.tick_schedules()
         ids = []
-        for shard in range(self.store.config.shards):
+        for shard in self.store.shard_range():
             while True:
                 batch = self.store.claim_due(shard)
                 if not batch.count and not batch.skipped:  # (a batch of expired jobs only: more may follow)
@@ -298,7 +298,7 @@ class DelayedTestKit:
         from ..scheduler.recurring import Recurrer  # the scheduler's keeper of recurring schedules
 
         if self._recurrer is None:
-            shards = dict.fromkeys(range(self.store.config.shards), "")  # '': no lease to hold
+            shards = dict.fromkeys(self.store.shard_range(), "")  # '': no lease to hold
             self._recurrer = Recurrer(self.app, self.store, "", lambda: shards)
         return self._recurrer.tick(fresh=True)
 

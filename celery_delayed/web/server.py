@@ -148,7 +148,7 @@ class Handler(BaseHTTPRequestHandler):
             nav_overview=' class="current"' if nav == "overview" else "",
             nav_jobs=' class="current"' if nav == "jobs" else "", nav_dlq=' class="current"' if nav == "dlq" else "",
             nav_schedules=' class="current"' if nav == "schedules" else "",
-            store=pages.e(f"prefix {cfg.key_prefix} · {cfg.shards} shards"),
+            store=pages.e(f"prefix {cfg.key_prefix} · {self.dash.store.shards} shards"),
             mode=" · read-only" if self.dash.read_only else "",
             render_ms=f"{(time.perf_counter() - t0) * 1000:.0f}", now=pages.e(pages.when(self.dash.store.now_ms())),
         )

@@ -74,7 +74,7 @@ def job_store(app: Any, request: Any) -> Store:
 def job_shard(store: Store, request: Any) -> int:
     """The shard of the job a Celery request runs: its ``delayed_shard`` header, else the id's own shard."""
     shard = request_shard(request)
-    if shard is None or not 0 <= shard < store.config.shards:
+    if shard is None or not store.valid_shard(shard):
         return store.shard_of(request.id)
     return shard
 

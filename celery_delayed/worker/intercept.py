@@ -59,7 +59,7 @@ from ..errors import InvalidOption, InvalidState, InvalidWhen, PayloadTooLarge, 
 from ..producer.jobs import lookup_task, prepare
 from ..producer.message import split_options, stamp_names, task_defaults
 from ..result import DelayedResult
-from ..store import get_store
+from ..store import Store, get_store
 from ..timeutil import due_spec, localize
 from ..vocab import ETA_HEADER, SHARD_HEADER, Reply
 from .execution import job_shard
@@ -205,7 +205,7 @@ def _store_retry(app: Celery, name: str, args: Any, kwargs: Any, when: Any, task
     if shard is None and running is not None and running.request.id == task_id:
         s = job_shard(store, running.request)
     else:
-        s = _valid_shard(shard, store.config.shards, store.shard_of(task_id))
+        s = _valid_shard(shard, store, store.shard_of(task_id))
     attempt = Attempt(task_id, s, name, retries, args, kwargs, opts, task_type=task_type)
     fields = Failures(app, store).attempt_fields(attempt, retries, eta=eta, properties=properties)
     outcome = store.retry(task_id, s, due_spec(when, app.timezone), retries, fields)
@@ -214,9 +214,9 @@ def _store_retry(app: Celery, name: str, args: Any, kwargs: Any, when: Any, task
     return DelayedResult(task_id, store=store, shard=s, due_ms=outcome.due_ms, created=outcome.code == Reply.OK)
 
 
-def _valid_shard(value: Any, shards: int, default: int) -> int:
+def _valid_shard(value: Any, store: Store, default: int) -> int:
     try:
         s = int(value)
     except (TypeError, ValueError):
         return default
-    return s if 0 <= s < shards else default
+    return s if store.valid_shard(s) else default

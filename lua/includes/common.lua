@@ -34,3 +34,15 @@ local function lease_ok(lease_key, owner, fence)
   if owner == '' then return true end
   return redis.call('GET', lease_key) == (owner .. '|' .. fence)
 end
+
+-- The shard argument of a script that stores a new job or schedule:
+-- '<shard>' or '<shard>/<count>', the shard count the caller placed it with.
+-- A reshard seals each shard against the old count ({p}:{s}:sealed holds it):
+-- a write placed with that count is refused (the caller reads the layout again
+-- and places it anew). Returns the shard and whether the write is refused.
+local function placed(spec, any_key)
+  local s, n = string.match(spec, '^(%d+)/(%d+)$')
+  if not s then return spec, false end
+  local base = string.sub(any_key, 1, string.find(any_key, '}', 1, true) + 1)
+  return s, redis.call('GET', base .. 'sealed') == n
+end

@@ -1,0 +1,215 @@
+"""``delayed reshard``: a live store moves to another shard count, every key kept by shard with it.
+
+Real Redis; the moves are the scripts ``move_out.lua`` / ``move_in.lua`` (one shard each).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from celery import Celery
+from support import make_app, run_celery
+
+from celery_delayed import (
+    ConfigurationError,
+    DuplicateJob,
+    InvalidOption,
+    apply_later,
+    cancel,
+    dlq,
+    get_store,
+    lookup,
+    schedules,
+)
+from celery_delayed.store import Pending, shard_for
+from celery_delayed.store.reshard import Resharder
+from celery_delayed.vocab import SHARD_HEADER
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def _home(job_id: str, shard_key: str | None, n: int) -> int:
+    return shard_for(shard_key or job_id, n)
+
+
+def _job_keys(rclient, prefix: str) -> dict[str, int]:
+    """Every job record of the store: id -> the shard it is in."""
+    out = {}
+    for key in rclient.scan_iter(f"{prefix}:{{*}}:job:*", count=1000):
+        head, _, job_id = key.partition(":job:")
+        out[job_id] = int(head[head.index("{") + 1:head.index("}")])
+    return out
+
+
+def _pending(store) -> tuple[set[str], set[str]]:
+    """The pending jobs' ids, read in due order and by the pending index of their task."""
+    return ({str(r["id"]) for r in Pending(store).page(limit=10_000)},
+            {str(r["id"]) for r in Pending(store).page(task="e2e.mark", limit=10_000)})
+
+
+def _fill(app: Celery) -> dict[str, object]:
+    """One of each kind of key a shard keeps; returns what the checks need."""
+    store = get_store(app)
+    made: dict[str, object] = {}
+    made["compact"] = [apply_later(app, "e2e.mark", args=(i,), when=3600, strict=False).id for i in range(60)]
+    made["full"] = [apply_later(app, "e2e.mark", args=(i,), when=3600, expires=7200, strict=False).id
+                    for i in range(20)]
+    made["keyed"] = [apply_later(app, "e2e.mark", args=(i,), when=3600, shard_key="user-7", strict=False).id
+                     for i in range(10)]
+    made["idem"] = apply_later(app, "e2e.mark", when=3600, idempotency_key="order-1", strict=False).id
+    gone = apply_later(app, "e2e.mark", when=3600, task_id="cancelled-1", strict=False)
+    cancel(app, gone.id)
+    made["cancelled"] = gone.id
+    dead = apply_later(app, "e2e.mark", when=0, max_lateness=1, misfire="dead", task_id="dead-1", strict=False)
+    store.release_due(dead.shard, now_ms=dead.due_ms + 60_000)
+    assert lookup(app, dead.id).job_state == "DEAD"
+    made["dead"] = dead.id
+    made["debounced"] = apply_later(app, "e2e.mark", args=(1,), when=3600, debounce_key="search-9",
+                                    strict=False).id
+    schedules.add(app, "nightly-report", "e2e.mark", 3600, strict=False)
+    return made
+
+
+@pytest.mark.parametrize(("old", "new"), [(16, 64), (64, 16), (16, 5)])
+def test_reshard_moves_every_kind_of_key_to_its_new_shard(redis_url, uid, rclient, old, new):
+    app = make_app(redis_url, uid, delayed_shards=old)
+    prefix = app.conf.delayed_key_prefix
+    made = _fill(app)
+    pending_before = _pending(get_store(app))
+
+    report = Resharder(get_store(app)).run(new, wait_s=5)
+    assert report.finished, report
+    assert rclient.hgetall(f"{prefix}:layout") == {"shards": str(new), "bucket_ms": "0"}
+
+    # every record in its home shard, none left behind, none doubled
+    where = _job_keys(rclient, prefix)
+    sk = {j: rclient.hget(f"{prefix}:{{{s}}}:job:{j}", "sk") for j, s in where.items()}
+    assert {sk[i] for i in made["keyed"]} == {"user-7"}
+    for job_id, shard in where.items():
+        assert shard == _home(job_id, sk.get(job_id), new), job_id
+    assert report.moved_jobs == sum(1 for j, s in where.items() if _home(j, sk.get(j), old) != s)
+    assert len({where[i] for i in made["keyed"]}) == 1  # one shard key, one shard
+
+    # a process that starts with the new count works on the moved store
+    fresh = make_app(redis_url, uid, delayed_shards=new)
+    store = get_store(fresh)
+    assert _pending(store) == pending_before
+    # idempotency: the done markers and keys moved too
+    with pytest.raises(DuplicateJob):
+        apply_later(fresh, "e2e.mark", when=3600, task_id=made["cancelled"], strict=False)
+    again = apply_later(fresh, "e2e.mark", when=3600, idempotency_key="order-1", strict=False)
+    assert again.id == made["idem"] and not again.created
+    # the dead letter is listed and can be requeued
+    assert lookup(fresh, made["dead"]).job_state == "DEAD"
+    assert made["dead"] in {d.id for d in dlq.list_dead(fresh, limit=100)}
+    assert dlq.count(fresh) == 1
+    # the debounce key still finds its job
+    d2 = apply_later(fresh, "e2e.mark", args=(2,), when=3600, debounce_key="search-9", strict=False)
+    assert d2.id == made["debounced"]
+    # the schedule moved with its name
+    s = schedules.get(fresh, "nightly-report")
+    assert s.name == "nightly-report"
+    assert rclient.sismember(f"{prefix}:{{{shard_for('nightly-report', new)}}}:scheds", "nightly-report")
+    # the moved jobs can be cancelled, and each pending one is released once, with its new shard in its header
+    cancel(fresh, made["compact"][0])
+    released: list[str] = []
+    for shard in range(new):
+        batch = store.claim_due(shard, now_ms=store.now_ms() + 3700_000, limit=10_000)
+        released += batch.ids
+        for msg, *_rest in batch.messages:
+            assert json.loads(msg)["headers"][SHARD_HEADER] == shard
+    assert len(released) == len(set(released))
+    want = {*made["compact"][1:], *made["full"], *made["keyed"], made["idem"], made["debounced"]}
+    assert want <= set(released)
+
+
+def test_a_producer_that_has_not_seen_the_reshard_is_sealed_out_and_places_anew(redis_url, uid, rclient):
+    old = make_app(redis_url, uid)  # 16 shards, and it keeps its store (and count) across the reshard
+    first = apply_later(old, "e2e.mark", when=3600, strict=False)
+    resharder = Resharder(get_store(make_app(redis_url, uid)))
+    assert resharder.begin(64) == 16  # switched and sealed; nothing moved yet
+    assert get_store(old).shards == 16
+
+    stale = [apply_later(old, "e2e.mark", args=(i,), when=3600, strict=False) for i in range(40)]
+    assert get_store(old).shards == 64  # the seal told it
+    where = _job_keys(rclient, old.conf.delayed_key_prefix)
+    for h in stale:
+        assert where[h.id] == shard_for(h.id, 64) == h.shard
+    keyed = apply_later(old, "e2e.mark", when=3600, debounce_key="k-1", strict=False)
+    assert keyed.shard == shard_for("k-1", 64)
+    # a job of the old layout, not moved yet, can be found, cancelled and is not stored twice
+    assert lookup(old, first.id).job_state == "SCHEDULED"
+    with pytest.raises(DuplicateJob):  # its id is in its old shard still: not stored again in the new one
+        apply_later(old, "e2e.mark", when=3600, task_id=first.id, strict=False)
+    report = resharder.run(64, wait_s=5)
+    assert report.finished
+    assert _job_keys(rclient, old.conf.delayed_key_prefix)[first.id] == shard_for(first.id, 64)
+    assert cancel(old, first.id) == "SCHEDULED"
+
+
+def test_a_released_job_moves_once_it_is_done(redis_url, uid, rclient):
+    app = make_app(redis_url, uid)
+    store = get_store(app)
+    # a job whose home changes from 16 to 64 shards, released (QUEUED) before the reshard
+    h = next(h for h in (apply_later(app, "e2e.mark", when=0, strict=False) for _ in range(50))
+             if shard_for(h.id, 64) != h.shard)
+    store.release_due(h.shard, now_ms=h.due_ms + 1)
+    for s in range(16):
+        store.release_due(s, now_ms=h.due_ms + 1)
+    report = Resharder(store).run(64, wait_s=0)
+    assert not report.finished and report.left_running >= 1
+    assert rclient.hget(f"{app.conf.delayed_key_prefix}:layout", "from") == "16"
+    # the worker side still finds it by its message's shard header
+    started = store.start(h.id, h.shard, "w|1|tag|n")
+    assert started.run
+    store.finish(h.id, h.shard, "w|1|tag|n", "SUCCEEDED")
+    for s in range(64):  # and the others, released above
+        for job_id in [str(x) for x in rclient.zrange(store.keys.shard(s).released, 0, -1)]:
+            store.start(job_id, s, f"w|1|{job_id}|n")
+            store.finish(job_id, s, f"w|1|{job_id}|n", "SUCCEEDED")
+    report = Resharder(store).run(64, wait_s=5)
+    assert report.finished, report
+    assert _job_keys(rclient, app.conf.delayed_key_prefix)[h.id] == shard_for(h.id, 64)
+    assert lookup(app, h.id).job_state == "SUCCEEDED"
+    with pytest.raises(DuplicateJob):  # the done marker moved: the id is still taken
+        apply_later(make_app(redis_url, uid, delayed_shards=64), "e2e.mark", when=60, task_id=h.id, strict=False)
+
+
+def test_reshard_refuses_bad_input_and_a_second_target(redis_url, uid):
+    app = make_app(redis_url, uid)
+    with pytest.raises(ConfigurationError, match="nothing to reshard"):
+        Resharder(get_store(app)).run(32)
+    apply_later(app, "e2e.mark", when=3600, strict=False)
+    for bad in (0, -1, 1 << 20, True):
+        with pytest.raises(InvalidOption, match="--shards"):
+            Resharder(get_store(app)).run(bad)  # type: ignore[arg-type]
+    # a job released before the move keeps the reshard open: another target is refused meanwhile
+    h = apply_later(app, "e2e.mark", when=0, task_id=next(f"x{i}" for i in range(1000)
+                                                           if shard_for(f"x{i}", 32) != shard_for(f"x{i}", 16)),
+                    strict=False)
+    get_store(app).release_due(h.shard, now_ms=h.due_ms + 1)
+    assert not Resharder(get_store(app)).run(32, wait_s=0).finished
+    with pytest.raises(ConfigurationError, match="in progress"):
+        Resharder(get_store(app)).run(8)
+    # and a process configured with either count but the layout's is refused at start
+    refused = r"has 32 \(a reshard from 16 shards is in progress\).*set delayed_shards = 32"
+    with pytest.raises(ConfigurationError, match=refused):
+        apply_later(make_app(redis_url, uid, delayed_shards=16), "e2e.mark", when=60, strict=False)
+
+
+def test_the_cli_reshards_and_status_says_so(redis_url, uid):
+    app = make_app(redis_url, uid)
+    ids = [apply_later(app, "e2e.mark", when=3600, strict=False).id for _ in range(30)]
+    prefix, queue = app.conf.delayed_key_prefix, app.conf.task_default_queue
+    out = run_celery(redis_url, prefix, queue, "delayed", "reshard", "--shards", "24", "--json")
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["finished"] and report["new"] == 24
+    assert "now set delayed_shards = 24" in out.stderr
+    st = run_celery(redis_url, prefix, queue, "delayed", "status", "--json", conf={"delayed_shards": 24})
+    assert st.returncode == 0, st.stderr
+    assert len(json.loads(st.stdout)["shards"]) == 24
+    assert sum(r["pending"] for r in json.loads(st.stdout)["shards"]) == len(ids)
+    refused = run_celery(redis_url, prefix, queue, "delayed", "status")  # started with 16: the rows read 24
+    assert refused.returncode == 0
