@@ -42,6 +42,7 @@ from .compact import Template
 from .keys import Keys, ShardKeys, index_part, parse_index_part, shard_for
 from .lane import Lanes
 from .loader import Arg, Script, Scripts, scripts
+from .moves import JobMover
 from .records import NEW_JOB_FIELDS, Batch, NewJob, Outcome, Scheduled, Started, rehome
 
 #: Delay before a job the broker refused is published again, ms (doubled after each refusal).
@@ -534,6 +535,10 @@ class Store:
         for _attempt in range(4):
             if job.shard != self._home(job):  # placed before a reshard this process has seen
                 job = rehome(job, self._home(job))
+            if self._moving_from:  # the key's entry and job may still be in their old shard: move them first
+                old = shard_for(job.fields.get(Field.SHARD_KEY) or job.id, self._moving_from)
+                if old != job.shard and self.client.exists(self.keys.shard(old).keyed(mode, key)):
+                    JobMover(self).move_entry(old, mode, key, self._shards)
             reply = self._schedule_keyed(job, mode, key, limit_ms, now_ms)
             if isinstance(reply, Scheduled):
                 return reply

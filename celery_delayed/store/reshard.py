@@ -40,16 +40,16 @@ import json
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigurationError, InvalidOption
-from ..vocab import Field, JobState, ScheduleField
+from ..vocab import ScheduleField
 from .client import translate_errors
 from .gateway import LAYOUT_NOTICE, MEMBERS_NOTICE, Store
 from .keys import shard_for
-from .records import rehome_message
+from .moves import JobMover
 
 logger = logging.getLogger("celery_delayed.reshard")
 
@@ -81,7 +81,7 @@ def _escape(text: str) -> str:
 
 
 @translate_errors
-class Resharder:
+class Resharder(JobMover):
     """Moves a live store from its shard count to another (see the module docstring).
 
     Args:
@@ -91,12 +91,15 @@ class Resharder:
     """
 
     def __init__(self, store: Store, rows: Any = None, progress: Callable[[str], None] | None = None) -> None:
-        self.store = store
-        self.client = store.client
-        self.keys = store.keys
+        super().__init__(store)
         self.rows = rows
         self.progress = progress or (lambda _line: None)
-        self._templates: set[tuple[int, str]] = set()
+        self._rows_updated = 0
+
+    def moved(self, home: int, ids: list[str]) -> None:
+        """The moved jobs' rows say their new shard."""
+        if self.rows is not None:
+            self._rows_updated += self.rows.set_shard(ids, home)
 
     # -- the layout ----------------------------------------------------------------------
 
@@ -209,32 +212,37 @@ class Resharder:
     # -- one pass ------------------------------------------------------------------------
 
     def sweep(self, new: int, old: int, report: ReshardReport) -> int:
-        """One pass over the store; return how many jobs out of place could not move yet (released or running)."""
+        """One pass over the store; return how many jobs out of place could not move yet (released or running).
+
+        Debounce and throttle entries (with their jobs) and schedules move as
+        the scan finds them; other jobs in batches.
+        """
         span = max(new, old)
-        self._resume_taken(span, new, report)
-        left = 0
+        left = self._resume_taken(span, new)
         jobs: dict[int, list[str]] = defaultdict(list)
-        entries: list[tuple[int, str, str]] = []  # (shard, mode, key)
-        schedules: list[tuple[int, str]] = []
+        queued = 0
         for shard, kind, rest in self._scan(span):
-            if kind == "job":  # its shard key, when it has one, decides its home: read in _move_batch
+            if kind == "job":  # its shard key, when it has one, decides its home: read in move_batch
                 jobs[shard].append(rest)
+                queued += 1
             elif kind in ("debounce", "throttle"):
-                if shard_for(rest, new) != shard:
-                    entries.append((shard, kind, rest))
+                self.move_entry(shard, kind, rest, new)
             elif kind == "sched" and shard_for(rest, new) != shard:
-                schedules.append((shard, rest))
-            if sum(len(v) for v in jobs.values()) >= 5000:
-                left += self._move_jobs(jobs, new, report)
+                self._move_schedule(shard, rest, new, report)
+            if queued >= 5000:
+                left += self._move_jobs(jobs, new)
                 jobs.clear()
-        left += self._move_jobs(jobs, new, report)
-        for shard, name in schedules:
-            self._move_schedule(shard, name, new, report)
-        for shard, mode, key in entries:
-            self._move_entry(shard, mode, key, new, report)
+                queued = 0
+        left += self._move_jobs(jobs, new)
+        self._report(report)
         self.progress(f"pass {report.passes + 1}: moved {report.moved_jobs} job(s), {report.moved_schedules} "
                       f"schedule(s), {report.moved_entries} debounce/throttle entries so far")
         return left
+
+    def _report(self, report: ReshardReport) -> None:
+        report.moved_jobs, report.moved_entries = self.counts.moved_jobs, self.counts.moved_entries
+        report.by_state = dict(self.counts.by_state)
+        report.rows_updated = self._rows_updated
 
     def _scan(self, span: int) -> Iterator[tuple[int, str, str]]:
         """(shard, kind, the rest of the key) of every per-shard key of a kind that moves: one SCAN of the store."""
@@ -256,144 +264,23 @@ class Resharder:
 
     # -- jobs ------------------------------------------------------------------------------
 
-    def _resume_taken(self, span: int, new: int, report: ReshardReport) -> None:
+    def _resume_taken(self, span: int, new: int) -> int:
         """Finish the moves an earlier run took out but did not complete (each shard's ``moving`` set)."""
+        left = 0
         for s in range(span):
-            ids = [str(i) for i in self.client.smembers(self._moving_key(s))]
+            ids = [str(i) for i in self.client.smembers(self.moving_key(s))]
             if ids:
-                self._move_jobs({s: ids}, new, report)
+                left += self._move_jobs({s: ids}, new)
+        return left
 
-    def _moving_key(self, shard: int) -> str:
-        return self.keys.shard(shard).base + ":moving"
-
-    def _move_jobs(self, jobs: dict[int, list[str]], new: int, report: ReshardReport) -> int:
+    def _move_jobs(self, jobs: dict[int, list[str]], new: int) -> int:
         left = 0
         for shard, ids in jobs.items():
             for at in range(0, len(ids), BATCH):
-                left += self._move_batch(shard, ids[at:at + BATCH], new, report)
+                left += self.move_batch(shard, ids[at:at + BATCH], new)
         return left
 
-    def _move_batch(self, shard: int, ids: list[str], new: int, report: ReshardReport) -> int:
-        """Move the jobs of ``ids`` (records of ``shard``) whose home under ``new`` is elsewhere."""
-        store, sk = self.store, self.keys.shard(shard)
-        pipe = self.client.pipeline(transaction=False)
-        for job_id in ids:
-            pipe.hmget(sk.job(job_id), Field.SHARD_KEY, Field.TASK, Field.QUEUE, Field.TEMPLATE, Field.STATE)
-        take: list[tuple[str, str, str]] = []
-        homes: dict[str, int] = {}
-        for job_id, (skey, task, queue, tid, state) in zip(ids, pipe.execute(), strict=True):
-            if state is None:
-                continue  # gone (expired) meanwhile
-            home = shard_for(str(skey) if skey else job_id, new)
-            if home == shard:
-                if state == JobState.MOVING:  # cannot be: a move in progress only ever has one target
-                    logger.warning("reshard: job %s is MOVING in its own shard %d; left as it is", job_id, shard)
-                continue
-            homes[job_id] = home
-            t, q = store.route_of(shard, task, queue, tid)
-            take.append((job_id, t, q))
-        if not take:
-            return 0
-        reply = store._run(store.scripts.move_out, [sk.due, sk.buckets, sk.dlq, sk.held, self._moving_key(shard)],
-                           [store._now(None), sk.job_prefix, store.config.bucket_ms,
-                            *(x for triple in take for x in triple)])
-        route = {job_id: (t, q) for job_id, t, q in take}
-        left = 0
-        by_home: dict[int, list[tuple[str, int, dict[str, str]]]] = defaultdict(list)
-        for job_id, pttl, fields in reply:
-            job_id = str(job_id)
-            if int(pttl) == -3:
-                left += 1  # released or running: it moves once done
-                continue
-            flat = [str(x) for x in fields]
-            rec = dict(zip(flat[0::2], flat[1::2], strict=True))
-            by_home[homes[job_id]].append((job_id, int(pttl), rec))
-        moved: dict[int, list[str]] = defaultdict(list)
-        for home, recs in by_home.items():
-            self._move_in(shard, home, recs, route)
-            moved[home] += [job_id for job_id, _, _ in recs]
-            for _, _, rec in recs:
-                st = rec.get(Field.MOVED_STATE, "")
-                report.by_state[st] = report.by_state.get(st, 0) + 1
-        done = [job_id for ids_ in moved.values() for job_id in ids_]
-        pipe = self.client.pipeline(transaction=False)
-        for job_id in done:
-            pipe.delete(sk.job(job_id))
-        if done:
-            pipe.srem(self._moving_key(shard), *done)
-        pipe.execute()
-        report.moved_jobs += len(done)
-        if self.rows is not None:
-            for home, ids_ in moved.items():
-                report.rows_updated += self.rows.set_shard(ids_, home)
-        return left
-
-    def _move_in(self, src: int, home: int, recs: list[tuple[str, int, dict[str, str]]],
-                 route: dict[str, tuple[str, str]]) -> None:
-        store, tk = self.store, self.keys.shard(home)
-        tids = {rec[Field.TEMPLATE] for _, _, rec in recs if Field.TEMPLATE in rec}
-        self._copy_templates(src, home, tids)
-        args: list[Any] = [store._now(None), tk.job_prefix, store.config.bucket_ms, self.keys.wake, home]
-        for job_id, pttl, rec in recs:
-            rec = dict(rec)
-            rec[Field.STATE] = rec.pop(Field.MOVED_STATE, rec.get(Field.STATE, ""))
-            died = rec.pop(Field.MOVED_DIED, None)
-            if rec.get(Field.MESSAGE):
-                rec[Field.MESSAGE] = rehome_message(rec[Field.MESSAGE], home)
-            pairs = [x for k, v in rec.items() for x in (k, v)]
-            if died is not None:
-                pairs += ["~dlq", died]
-            task, queue = route.get(job_id, ("", ""))
-            args += [job_id, pttl, task, queue, len(pairs) // 2, *pairs]
-        store._run(store.scripts.move_in, [tk.due, tk.buckets, tk.next, tk.dlq], args)
-
-    def _copy_templates(self, src: int, home: int, tids: Iterable[str]) -> None:
-        """Copy compact records' templates to the new shard (a template is the same text in every shard)."""
-        todo = [t for t in tids if (home, t) not in self._templates]
-        if not todo:
-            return
-        pipe = self.client.pipeline(transaction=False)
-        for tid in todo:
-            pipe.get(self.keys.shard(src).template(tid))
-            pipe.pttl(self.keys.shard(src).template(tid))
-            pipe.pttl(self.keys.shard(home).template(tid))
-        got = pipe.execute()
-        pipe = self.client.pipeline(transaction=False)
-        for n, tid in enumerate(todo):
-            text, ttl, theirs = got[3 * n], int(got[3 * n + 1]), int(got[3 * n + 2])
-            if text is None:
-                continue
-            dest = self.keys.shard(home).template(tid)
-            if theirs == -2:  # not there
-                if ttl > 0:
-                    pipe.set(dest, text, px=ttl)
-                else:
-                    pipe.set(dest, text)
-            elif theirs >= 0 and (ttl < 0 or ttl > theirs):
-                if ttl < 0:
-                    pipe.persist(dest)
-                else:
-                    pipe.pexpire(dest, ttl)
-            self._templates.add((home, tid))
-        pipe.execute()
-
-    # -- debounce / throttle entries and schedules ------------------------------------------
-
-    def _move_entry(self, shard: int, mode: str, key: str, new: int, report: ReshardReport) -> None:
-        home = shard_for(key, new)
-        src, dest = self.keys.shard(shard).keyed(mode, key), self.keys.shard(home).keyed(mode, key)
-        pipe = self.client.pipeline(transaction=False)
-        pipe.hgetall(src)
-        pipe.pttl(src)
-        fields, ttl = pipe.execute()
-        if fields and not self.client.exists(dest):
-            pipe = self.client.pipeline(transaction=False)
-            pipe.hset(dest, mapping=fields)
-            if int(ttl) > 0:
-                pipe.pexpire(dest, int(ttl))
-            pipe.execute()
-        self.client.delete(src)
-        report.moved_entries += 1
+    # -- schedules -----------------------------------------------------------------------------
 
     def _move_schedule(self, shard: int, name: str, new: int, report: ReshardReport) -> None:
         """Move a recurring schedule (its hash, its occurrences, its name in the shard's set).

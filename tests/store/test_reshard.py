@@ -213,3 +213,23 @@ def test_the_cli_reshards_and_status_says_so(redis_url, uid):
     assert sum(r["pending"] for r in json.loads(st.stdout)["shards"]) == len(ids)
     refused = run_celery(redis_url, prefix, queue, "delayed", "status")  # started with 16: the rows read 24
     assert refused.returncode == 0
+
+
+def test_a_debounce_key_called_during_the_reshard_still_replaces_its_job(redis_url, uid, rclient):
+    app = make_app(redis_url, uid)
+    key = next(f"search-{i}" for i in range(1000) if shard_for(f"search-{i}", 16) != shard_for(f"search-{i}", 64))
+    first = apply_later(app, "e2e.mark", args=(1,), when=3600, debounce_key=key, strict=False)
+    tkey = next(f"t-{i}" for i in range(1000) if shard_for(f"t-{i}", 16) != shard_for(f"t-{i}", 64))
+    throttled = apply_later(app, "e2e.mark", when=3600, throttle_key=tkey, window=600, strict=False)
+    Resharder(get_store(make_app(redis_url, uid))).begin(64)  # switched; nothing moved yet
+    # this app's store has not seen it: sealed out, it reads the layout, moves the key's entry and job, replaces
+    again = apply_later(app, "e2e.mark", args=(2,), when=7200, debounce_key=key, strict=False)
+    assert again.id == first.id and again.shard == shard_for(key, 64)
+    assert get_store(app).shards == 64
+    t2 = apply_later(app, "e2e.mark", when=3600, throttle_key=tkey, window=600, strict=False)
+    assert t2.id == throttled.id and not t2.created
+    where = _job_keys(rclient, app.conf.delayed_key_prefix)
+    assert where[first.id] == shard_for(key, 64)
+    assert Resharder(get_store(app)).run(64, wait_s=5).finished
+    pending, _ = _pending(get_store(app))
+    assert first.id in pending and throttled.id in pending and len(pending) == 2
