@@ -17,7 +17,19 @@ from collections.abc import Callable
 
 from celery_delayed.testing import RedisServer
 
-from . import report, s_cluster, s_drain, s_durability, s_lateness, s_memory, s_ops, s_release, s_replicas, s_schedule
+from . import (
+    report,
+    s_cluster,
+    s_drain,
+    s_durability,
+    s_lateness,
+    s_memory,
+    s_ops,
+    s_release,
+    s_replicas,
+    s_reshard,
+    s_schedule,
+)
 from .common import Ctx
 
 SCENARIOS: dict[str, Callable[[Ctx], None]] = {
@@ -39,6 +51,7 @@ SCENARIOS: dict[str, Callable[[Ctx], None]] = {
     "sustained": s_lateness.sustained,  # 16
     "wait-replicas": s_replicas.wait_replicas,  # 17
     "cluster": s_cluster.cluster,  # 18
+    "reshard": s_reshard.reshard,  # 19
 }
 
 

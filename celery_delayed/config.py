@@ -113,7 +113,10 @@ SETTINGS: tuple[Setting, ...] = (
             "store uses redis-py's cluster client, its shards spread over every master, and release takes the "
             "publish path (see Redis Cluster)"),
     Setting("key_prefix", str, "delayed", "prefix of every store key (no braces, `\\|` or spaces)"),
-    Setting("shards", int, 16, "number of shards; a job's shard is `crc32(shard_key or job id) % shards`",
+    Setting("shards", int, 16,
+            "number of shards; a job's shard is `crc32(shard_key or job id) % shards`; recorded in the store "
+            "when it is created (a process configured otherwise is refused): `delayed reshard --shards N` "
+            "changes it live",
             lo=1, hi=16384),
     Setting("bucket_ms", int, 0, "time-bucket width inside a shard; `0` = one sorted set per shard",
             lo=0, hi=86_400_000, unit="ms"),
