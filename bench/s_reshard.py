@@ -50,8 +50,8 @@ def reshard(ctx: Ctx) -> None:
     misplaced = 0
     for s in range(64):
         for job_id in client.zrange(f"{prefix}:{{{s}}}:due", 0, 999):
-            skey = client.hget(f"{prefix}:{{{s}}}:job:{job_id}", "sk")
-            misplaced += shard_for(skey or job_id, 64) != s
+            skey = client.hget(f"{prefix}:{{{s}}}:job:{job_id.decode()}", "sk")
+            misplaced += shard_for(skey.decode() if skey else job_id.decode(), 64) != s
     ctx.add(S19, "delayed reshard 16 -> 64", "pending after / before", pending / n, "ratio",
             note=f"{pending} pending after; {misplaced} of the first 1,000 per shard out of place")
     delete_prefix(client, f"*{u}*")

@@ -82,8 +82,10 @@ class JobMover:
             rec = dict(zip(flat[0::2], flat[1::2], strict=True))
             by_home[homes[job_id]].append((job_id, int(pttl), rec))
         moved: dict[int, list[str]] = defaultdict(list)
+        calls = [self.move_in_call(shard, home, recs, route) for home, recs in by_home.items()]
+        if calls:  # every new shard's move_in in one round trip
+            self.store._run_many(self.store.scripts.move_in, calls)
         for home, recs in by_home.items():
-            self.move_in(shard, home, recs, route)
             moved[home] += [job_id for job_id, _, _ in recs]
             for _, _, rec in recs:
                 st = rec.get(Field.MOVED_STATE, "")
@@ -100,8 +102,9 @@ class JobMover:
             self.moved(home, ids_)
         return left
 
-    def move_in(self, src: int, home: int, recs: list[tuple[str, int, dict[str, str]]],
-                 route: dict[str, tuple[str, str]]) -> None:
+    def move_in_call(self, src: int, home: int, recs: list[tuple[str, int, dict[str, str]]],
+                     route: dict[str, tuple[str, str]]) -> tuple[list[str], list[Any]]:
+        """The keys and arguments of ``move_in.lua`` for ``recs`` (taken out of ``src``) into ``home``."""
         store, tk = self.store, self.keys.shard(home)
         tids = {rec[Field.TEMPLATE] for _, _, rec in recs if Field.TEMPLATE in rec}
         self.copy_templates(src, home, tids)
@@ -117,7 +120,7 @@ class JobMover:
                 pairs += ["~dlq", died]
             task, queue = route.get(job_id, ("", ""))
             args += [job_id, pttl, task, queue, len(pairs) // 2, *pairs]
-        store._run(store.scripts.move_in, [tk.due, tk.buckets, tk.next, tk.dlq], args)
+        return [tk.due, tk.buckets, tk.next, tk.dlq], args
 
     def copy_templates(self, src: int, home: int, tids: Iterable[str]) -> None:
         """Copy compact records' templates to the new shard (a template is the same text in every shard)."""

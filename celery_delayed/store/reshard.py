@@ -54,7 +54,7 @@ from .moves import JobMover
 logger = logging.getLogger("celery_delayed.reshard")
 
 #: Jobs taken out of a shard per ``move_out.lua`` call.
-BATCH = 200
+BATCH = 500
 #: Most shards a store may have (each is a few keys; a scheduler holds its share of them).
 MAX_SHARDS = 16384
 
