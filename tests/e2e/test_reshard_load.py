@@ -95,6 +95,8 @@ def test_reshard_16_to_64_under_load_loses_and_doubles_nothing(redis_url, uid, w
     counts = collections.Counter(ran(rclient, prefix))
     lost = set(everything) - set(counts)
     doubled = {k: v for k, v in counts.items() if v > 1}
+    print(f"reshard under load: {len(everything)} jobs ({before} before the reshard), "
+          f"{len(lost)} lost, {len(doubled)} ran twice")
     assert not lost, f"{len(lost)} of {len(everything)} jobs lost"
     assert not doubled, f"{len(doubled)} jobs ran more than once"
     assert pending(app) == 0
