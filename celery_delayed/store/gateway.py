@@ -941,7 +941,27 @@ class Store:
             [self._now(now_ms), owner, self.config.exec_lease_ms, hostname, generation or "", job_id,
              self.logs_changes],
         )
+        if int(code) == Reply.NOT_FOUND:
+            moved = self._moved_record(job_id, shard)
+            if moved is not None:  # an old message of a job a reshard moved: not this delivery's to run
+                return Started(Reply.WRONG_STATE, moved, 0, 0, "moved")
         return Started(Reply(int(code)), str(state), int(attempt), int(until), str(why))
+
+    def _moved_record(self, job_id: str, shard: int) -> str | None:
+        """The state of ``job_id``'s record in a shard other than ``shard`` (a reshard moved it), or None.
+
+        A job moves only while it is scheduled or finished, and a moved job is
+        released again from its new shard with a message that names it: so a
+        message naming the old shard is never the one to run.
+        """
+        try:
+            found = self.locate(job_id)
+        except JobNotFound:
+            return None
+        if found == shard:
+            return None
+        state = self.client.hget(self.keys.shard(found).job(job_id), Field.STATE)
+        return None if state is None else str(state)
 
     def extend_lease(
         self, job_id: str, shard: int, owner: str, delivery_tag: str = "", now_ms: int | None = None,

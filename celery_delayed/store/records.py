@@ -164,7 +164,7 @@ class Started:
     state: str  # the record's state ('' without a record)
     attempt: int  # executions begun, this one included when code is OK
     lease_until_ms: int  # OK: our deadline; BUSY: the other execution's
-    why: str = ""  # WRONG_STATE: 'superseded' for a message of an earlier generation
+    why: str = ""  # WRONG_STATE: 'superseded' (a message of an earlier generation), 'moved' (of a moved job)
 
     @property
     def superseded(self) -> bool:

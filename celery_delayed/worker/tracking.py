@@ -73,6 +73,8 @@ def run_tracked(task: Task, body: Body, args: Any, kwargs: Any, on_failure: OnFa
     if not started.run:
         why = ("completed already" if started.state == JobState.SUCCEEDED
                else "superseded by a later generation of its job" if started.superseded
+               else f"its job moved to another shard (a reshard) and is {started.state} there"
+               if started.why == "moved"
                else f"its job is {started.state}")
         logger.info("Skipping %s[%s]: %s (duplicate delivery)", task.name, req.id, why)
         raise Ignore()

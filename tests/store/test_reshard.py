@@ -233,3 +233,15 @@ def test_a_debounce_key_called_during_the_reshard_still_replaces_its_job(redis_u
     assert Resharder(get_store(app)).run(64, wait_s=5).finished
     pending, _ = _pending(get_store(app))
     assert first.id in pending and throttled.id in pending and len(pending) == 2
+
+
+def test_an_old_message_of_a_moved_job_is_not_run(redis_url, uid):
+    app = make_app(redis_url, uid)
+    h = next(h for h in (apply_later(app, "e2e.mark", when=3600, strict=False) for _ in range(50))
+             if shard_for(h.id, 64) != h.shard)
+    assert Resharder(get_store(app)).run(64, wait_s=5).finished
+    # e.g. a redelivery of a message released before a retry put the job back: it names the old shard
+    started = get_store(make_app(redis_url, uid, delayed_shards=64)).start(h.id, h.shard, "w|1|t|n")
+    assert not started.run and not started.untracked
+    assert (started.state, started.why) == ("SCHEDULED", "moved")
+    assert lookup(app, h.id).job_state == "SCHEDULED"
