@@ -58,9 +58,12 @@ class Setting:
             if not isinstance(value, dict):
                 raise ConfigurationError(f"{self.name} must be a dict, got {type(value).__name__} {value!r}")
             return value
-        if self.kind is bool:
-            if not isinstance(value, bool):
-                raise ConfigurationError(f"{self.name} must be True or False, got {type(value).__name__} {value!r}")
+        if self.kind is bool:  # choices: strings accepted besides True and False ("auto")
+            if not isinstance(value, bool) and not (isinstance(value, str) and value in self.choices):
+                allowed = ", ".join(["True", "False", *map(repr, self.choices)][:-1])
+                last = repr(self.choices[-1]) if self.choices else "False"
+                raise ConfigurationError(
+                    f"{self.name} must be {allowed} or {last}, got {type(value).__name__} {value!r}")
             return value
         if self.kind is dict:
             if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
@@ -109,9 +112,10 @@ SETTINGS: tuple[Setting, ...] = (
             lo=0, hi=100),
     Setting("wait_replicas_timeout_ms", int, 1000, "how long a write waits for `delayed_wait_replicas` replicas "
             "before it raises `ReplicationTimeout`", lo=1, hi=600_000, unit="ms"),
-    Setting("redis_cluster", bool, False, "`delayed_redis_url` names any node of a Redis Cluster (db 0): the "
-            "store uses redis-py's cluster client, its shards spread over every master, and release takes the "
-            "publish path (see Redis Cluster)"),
+    Setting("redis_cluster", bool, "auto", "`True`: `delayed_redis_url` names any node of a Redis Cluster (db 0): "
+            "the store uses redis-py's cluster client, its shards spread over every master, and release takes the "
+            "publish path (see Redis Cluster); `\"auto\"`: asks the server once (`INFO cluster`) when the store's "
+            "client is made; `False`: a single server, not asked", choices=("auto",)),
     Setting("key_prefix", str, "delayed", "prefix of every store key (no braces, `\\|` or spaces)"),
     Setting("shards", int, 16,
             "number of shards; a job's shard is `crc32(shard_key or job id) % shards`; recorded in the store "
@@ -278,12 +282,12 @@ def _redis_options(conf: Any, value: dict[str, Any] | None) -> dict[str, Any]:
 def _check_store(values: dict[str, Any]) -> None:
     """Checks across settings: a Sentinel URL needs a master name, and wait_replicas a bound."""
     url, opts = values["redis_url"], values["redis_options"]
-    if is_sentinel_url(url) and values.get("redis_cluster"):
+    if is_sentinel_url(url) and values.get("redis_cluster") is True:
         raise ConfigurationError(
             f"delayed_redis_cluster is set, but delayed_redis_url {_redact(url)!r} names Sentinels: a Redis Cluster "
             "fails over by itself; give the URL of any cluster node (redis://host:port/0), or unset "
             "delayed_redis_cluster to use the Sentinels")
-    if values.get("redis_cluster") and values.get("wait_replicas"):
+    if values.get("redis_cluster") is True and values.get("wait_replicas"):
         raise ConfigurationError(
             "delayed_wait_replicas is not supported with delayed_redis_cluster yet: WAIT must run on the master "
             "that owns each job's slot, and celery-delayed sends it only on a single server or a Sentinel "
@@ -303,9 +307,9 @@ def _check_store(values: dict[str, Any]) -> None:
                 f"(it is {_redact(url)!r})")
 
 
-def _redis_cluster(conf: Any, value: bool) -> bool:
-    """A cluster has one database: refuse a store URL that names another."""
-    if value:
+def _redis_cluster(conf: Any, value: bool | str) -> bool | str:
+    """A cluster has one database: refuse a store URL that names another (``"auto"``: when detected)."""
+    if value is True:
         parts = urlsplit(conf.get("delayed_redis_url") or broker_url(conf))
         db = parts.path.strip("/") or parse_qs(parts.query).get("db", ["0"])[0]
         if db not in ("", "0"):
@@ -350,7 +354,7 @@ class DelayedConfig:
     redis_options: dict[str, Any]
     wait_replicas: int
     wait_replicas_timeout_ms: int
-    redis_cluster: bool
+    redis_cluster: bool | str  # True, False or "auto" (the store decides: Store.cluster)
     key_prefix: str
     shards: int
     bucket_ms: int

@@ -102,7 +102,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
         click.echo(json.dumps({"shards": rows, "schedulers": members, "warnings": warnings, "mirror": mirror,
                                "eta_fallbacks": fallbacks.as_dict(), "paused": paused, "schedules": scheds,
                                "replication": replication, "release_path": path, "release_path_reason": why,
-                               "cluster": store.config.redis_cluster, "layout_shards": store.shards,
+                               "cluster": store.cluster, "layout_shards": store.shards,
                                "resharding_from": store.moving_from}))
         return
     click.echo(f"{'shard':>5} {'pending':>9} {'overdue':>8} {'inflight':>8}  next due / oldest overdue")

@@ -93,9 +93,14 @@ class BrokerLayout:
 
     @classmethod
     def from_app(cls, app: Any, config: DelayedConfig) -> BrokerLayout:
-        """Read the app's ``broker_transport_options`` and decide the release path."""
+        """Read the app's ``broker_transport_options`` and decide the release path.
+
+        With ``delayed_redis_cluster = "auto"`` the path is decided as for a
+        single server; the store refuses a direct path when it finds a
+        cluster (:meth:`~celery_delayed.store.Store.client`).
+        """
         opts = app.conf.broker_transport_options or {}
-        if config.redis_cluster:  # kombu cannot use a cluster: the release script cannot push onto its lists
+        if config.redis_cluster is True:  # kombu cannot use a cluster: the release script cannot push onto its lists
             if config.release_mode == "direct":
                 raise ConfigurationError(
                     "delayed_release_mode is 'direct', but the store is a Redis Cluster (delayed_redis_cluster): "

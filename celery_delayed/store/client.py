@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import re
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
@@ -26,6 +28,7 @@ from redis.exceptions import (
     OutOfMemoryError,
     ReadOnlyError,
     RedisClusterException,
+    ResponseError,
     SlotNotCoveredError,
     TryAgainError,
 )
@@ -35,7 +38,9 @@ from redis.retry import Retry
 from redis.sentinel import MasterNotFoundError, Sentinel
 
 from ..config import is_sentinel_url, sentinel_hosts
-from ..errors import DelayedError, StoreFull, StoreUnavailable
+from ..errors import ConfigurationError, DelayedError, StoreFull, StoreUnavailable
+
+logger = logging.getLogger("celery_delayed.store")
 
 #: redis-py errors that mean "the store cannot be used right now" (on a cluster: still so after
 #: redis-py's own retries, which follow MOVED/ASK and a failover to a replica).
@@ -71,6 +76,11 @@ def translate(exc: Exception, url: str) -> DelayedError | None:
             "and monitor delayed_redis_options['master_name'], and their password (delayed_redis_options"
             "['sentinel_kwargs'])"
         )
+    if not_executed(exc):
+        return StoreUnavailable(
+            f"the celery-delayed store's Redis Cluster at {redact(url)} kept refusing the command while a slot "
+            f"of it migrates (TRYAGAIN or redirections; redis-py: {exc}); nothing was written. Call again once "
+            "the resharding has moved the slot (calling again with the same task_id is safe)")
     if isinstance(exc, UNAVAILABLE):
         # Refused or timed out while connecting: the command never left. Lost while
         # reading the reply: it may have run (a frozen server wakes up and runs it).
@@ -134,6 +144,109 @@ def is_cluster(client: Any) -> bool:
     return isinstance(client, RedisCluster)
 
 
+#: How long a command that a slot migration refused is tried again before it fails, seconds
+#: (scheduler threads: :data:`MIGRATION_PATIENCE_FAST_S`; they back off themselves).
+MIGRATION_PATIENCE_S = 5.0
+MIGRATION_PATIENCE_FAST_S = 2.0
+
+T = TypeVar("T")
+
+
+def not_executed(exc: BaseException) -> bool:
+    """True for a cluster error that says the command did not run, so running it again is safe.
+
+    ``TRYAGAIN`` (a multi-key command, such as a script, whose keys are partly
+    on each side of a slot migration), or redis-py's "TTL exhausted" (every
+    try was redirected or refused: MOVED, ASK, TRYAGAIN).
+    """
+    return isinstance(exc, TryAgainError) or (isinstance(exc, ClusterError) and "TTL exhausted" in str(exc))
+
+
+def retry_unexecuted(call: Callable[[], T], patience_s: float, on_retry: Callable[[], None] | None = None) -> T:
+    """``call()``, tried again with back-off while it fails with :func:`not_executed`, for up to ``patience_s``.
+
+    ``on_retry()`` runs before each new try.
+    """
+    deadline: float | None = None
+    delay = 0.05
+    while True:
+        try:
+            return call()
+        except (TryAgainError, ClusterError) as exc:
+            now = time.monotonic()
+            deadline = now + patience_s if deadline is None else deadline
+            if not not_executed(exc) or now >= deadline:
+                raise
+            time.sleep(min(delay, deadline - now))
+            delay = min(delay * 2, 0.5)
+            if on_retry is not None:
+                on_retry()
+
+
+class StoreCluster(RedisCluster):
+    """redis-py's cluster client, patient with a slot migration.
+
+    redis-py follows MOVED and ASK, but tries a command that gets ``TRYAGAIN``
+    only for about 0.4 s before it raises "TTL exhausted". While a slot
+    migrates (``CLUSTER SETSLOT ... MIGRATING`` until ``... NODE``), Redis
+    answers ``TRYAGAIN`` to every script of that slot that names keys it holds
+    and keys it does not: a script names keys that do not exist yet (a new
+    job's record, a change log), so that is most of them, for as long as the
+    migration of the slot lasts. Such a command did not run: it is tried
+    again here, with back-off, for up to ``patience_s`` seconds (redis-py's
+    pipelines bypass this: the gateway retries their refused calls itself).
+    """
+
+    patience_s: float = MIGRATION_PATIENCE_S
+    #: Commands tried again so far because a migration refused them (approximate under threads).
+    migration_retries: int = 0
+
+    def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        """Run a command (see the class docstring for what is tried again)."""
+        run = super().execute_command
+        return retry_unexecuted(lambda: run(*args, **kwargs), self.patience_s,  # type: ignore[no-untyped-call]
+                                self._count_retry)
+
+    def _count_retry(self) -> None:
+        self.migration_retries += 1
+
+
+def detect_cluster(client: redis.Redis, url: str) -> bool:
+    """Whether the server ``client`` reaches is a node of a Redis Cluster (``delayed_redis_cluster = "auto"``).
+
+    One ``INFO cluster`` (``cluster_enabled:1``), on a connection the client
+    keeps. A server that refuses INFO (an ACL user without it) is asked
+    ``CLUSTER SLOTS`` instead, which the cluster client needs anyway: "cluster
+    support disabled" means a single server. When both are refused the store
+    is used as a single server, and a warning says how to decide it.
+
+    Raises:
+        ConfigurationError: the URL names a database other than 0 and the
+            server is a cluster node (which has database 0 only).
+        redis.exceptions.ConnectionError: the server cannot be reached (the
+            caller decides again on its next use).
+    """
+    try:
+        return str(client.info("cluster").get("cluster_enabled", "0")) == "1"
+    except ResponseError as exc:
+        if "not allowed in cluster mode" in str(exc):  # the connection's SELECT <db>: a cluster has db 0 only
+            raise ConfigurationError(
+                f"delayed_redis_url {redact(url)!r} names a database other than 0, but the server is a node of a "
+                "Redis Cluster, which has database 0 only: use /0 or no database in the URL") from exc
+        refused = exc
+    try:
+        client.execute_command("CLUSTER", "SLOTS")  # type: ignore[no-untyped-call]
+        return True
+    except ResponseError as exc:
+        if "cluster support disabled" in str(exc).lower():
+            return False
+        logger.warning(
+            "celery-delayed: could not tell whether the store's Redis at %s is a node of a Redis Cluster "
+            "(INFO: %s; CLUSTER SLOTS: %s): using it as a single server. Set delayed_redis_cluster = False "
+            "to skip this check, or True for a cluster (its user needs CLUSTER SLOTS)", redact(url), refused, exc)
+        return False
+
+
 def make_client(
     url: str, *, options: Mapping[str, Any] | None = None, fail_fast: bool = False, health_check_interval: int = 30,
     cluster: bool = False,
@@ -154,7 +267,9 @@ def make_client(
     ``cluster``: ``url`` names any node of a Redis Cluster; the client is
     redis-py's :class:`~redis.cluster.RedisCluster` (typed as ``redis.Redis``
     for the store, which calls only commands both have). It follows MOVED and
-    ASK and, on a failover, reloads the slot map and retries.
+    ASK and, on a failover, reloads the slot map and retries; a command that
+    a slot migration refuses (``TRYAGAIN``) is tried again for a few seconds
+    (:class:`StoreCluster`).
 
     Raises:
         StoreUnavailable: on a cluster, no node of it could be reached (the
@@ -163,9 +278,11 @@ def make_client(
     if cluster:
         timeouts: dict[str, Any] = {"socket_connect_timeout": 2, "socket_timeout": 10} if fail_fast else {}
         try:
-            return cast(redis.Redis, RedisCluster.from_url(
+            client = cast(StoreCluster, StoreCluster.from_url(
                 url, decode_responses=True, health_check_interval=health_check_interval,
                 **{**dict(options or {}), **timeouts}))
+            client.patience_s = MIGRATION_PATIENCE_FAST_S if fail_fast else MIGRATION_PATIENCE_S
+            return cast(redis.Redis, client)
         except (RedisClusterException, RedisConnectionError, RedisTimeoutError) as exc:
             raise StoreUnavailable(
                 f"cannot reach the celery-delayed store (Redis Cluster at {redact(url)}): {exc}; nothing was "

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -37,7 +39,19 @@ from ..errors import (
 from ..vocab import ETA_FALLBACK_LAST, ETA_FALLBACKS, Field, JobState, Reply
 from . import compact
 from .broker_layout import BrokerLayout, same_redis
-from .client import close_client, make_client, redact, translate_errors
+from .client import (
+    MIGRATION_PATIENCE_FAST_S,
+    MIGRATION_PATIENCE_S,
+    UNAVAILABLE,
+    close_client,
+    detect_cluster,
+    is_cluster,
+    make_client,
+    not_executed,
+    redact,
+    translate,
+    translate_errors,
+)
 from .compact import Template
 from .keys import Keys, ShardKeys, index_part, parse_index_part, shard_for
 from .lane import Lanes
@@ -94,6 +108,12 @@ class Store:
         self.url = self.config.redis_url
         self._fail_fast = fail_fast
         self._client: redis.Redis | None = client
+        self._lock, self._lock_pid = threading.Lock(), os.getpid()  # making the client
+        #: Whether the store is a Redis Cluster; None until the server is asked (``"auto"``).
+        self._cluster: bool | None = (
+            is_cluster(client) if client is not None
+            else self.config.redis_cluster if isinstance(self.config.redis_cluster, bool)
+            else False if is_sentinel_url(self.url) else None)
         self.keys = Keys(self.config.key_prefix)
         self.broker = BrokerLayout.from_app(app, self.config)
         self._layout_ok = False
@@ -142,13 +162,71 @@ class Store:
     def client(self) -> redis.Redis:
         """The redis-py client, made on first use (a cluster client reads the slot map then).
 
+        With ``delayed_redis_cluster = "auto"`` the server is asked once, on
+        the connection of the single-server client it keeps otherwise, whether
+        it is a cluster node (:func:`~.client.detect_cluster`).
+
         Raises:
-            StoreUnavailable: on Redis Cluster, no node could be reached (tried again on the next use).
+            StoreUnavailable: the server (on Redis Cluster: every node) could not be reached
+                while the client was made (tried again on the next use).
+            ConfigurationError: the server is a cluster node and a setting cannot work on a cluster.
         """
         if self._client is None:
-            self._client = make_client(self.url, options=self.config.redis_options, fail_fast=self._fail_fast,
-                                       cluster=self.config.redis_cluster)
+            if self._lock_pid != os.getpid():  # a forked child: the parent's lock may have been held
+                self._lock, self._lock_pid = threading.Lock(), os.getpid()
+            with self._lock:  # threads that come at once make one client (and ask the server once)
+                if self._client is None:
+                    self._client = self._make_client()
         return self._client
+
+    def _make_client(self) -> redis.Redis:
+        cluster = self._cluster
+        if cluster is None:
+            plain = make_client(self.url, options=self.config.redis_options, fail_fast=self._fail_fast)
+            try:
+                cluster = detect_cluster(plain, self.url)
+            except UNAVAILABLE as exc:
+                close_client(plain)
+                raise (translate(exc, self.url) or exc) from exc
+            except BaseException:
+                close_client(plain)
+                raise
+            if not cluster:
+                self._cluster = False
+                return plain
+            close_client(plain)
+            self._check_cluster()
+            self._cluster = True
+        return make_client(self.url, options=self.config.redis_options, fail_fast=self._fail_fast, cluster=cluster)
+
+    @property
+    def cluster(self) -> bool:
+        """Whether the store is a Redis Cluster (``"auto"``: asks the server when the client is made).
+
+        Raises:
+            StoreUnavailable: ``"auto"``, and the server cannot be reached to ask it.
+        """
+        if self._cluster is None:
+            _ = self.client
+        return bool(self._cluster)
+
+    def _check_cluster(self) -> None:
+        """Refuse what cannot work on the Redis Cluster that ``"auto"`` found (as ``True`` refuses it at start)."""
+        where = (f"the store's Redis at {redact(self.url)} is a node of a Redis Cluster (found by "
+                 "delayed_redis_cluster \"auto\")")
+        if self.config.wait_replicas:
+            raise ConfigurationError(
+                f"{where}, and delayed_wait_replicas is not supported on a cluster yet: WAIT must run on the "
+                "master that owns each job's slot. Set delayed_wait_replicas = 0")
+        if not self.url.startswith(("redis://", "rediss://")):
+            raise ConfigurationError(f"{where}: name one of its nodes as redis://host:port (or rediss://)")
+        if self.broker.direct:
+            why = ("delayed_release_mode is 'direct'" if self.config.release_mode == "direct" else
+                   f"the broker {redact(broker_url(self.app.conf))!r} is that node too, and kombu cannot use a "
+                   "cluster")
+            raise ConfigurationError(
+                f"{where}, but {why}: release must publish to a broker that is not the cluster. Use RabbitMQ or a "
+                "separate plain Redis as broker_url (and delayed_release_mode 'auto' or 'publish')")
 
     @property
     def _lanes(self) -> Lanes:
@@ -160,8 +238,9 @@ class Store:
     def release_path(self) -> tuple[str, str]:
         """("direct" or "publish", why): the release path this store's scheduler takes (``delayed status``)."""
         mode = self.config.release_mode
-        if self.config.redis_cluster:
-            return "publish", "the store is a Redis Cluster: kombu cannot read queues from one"
+        if self.cluster:
+            found = " (found by delayed_redis_cluster \"auto\")" if self.config.redis_cluster == "auto" else ""
+            return "publish", f"the store is a Redis Cluster{found}: kombu cannot read queues from one"
         if self.direct:
             return "direct", ("the broker is Redis on the store's server" if mode == "auto"
                               else "delayed_release_mode = 'direct'")
@@ -196,7 +275,8 @@ class Store:
         results: list[Any] = [None] * len(calls)
         todo = list(range(len(calls)))
         waits: list[Any] = []  # the WAIT reply of each attempt that wrote something
-        for _attempt in range(2):
+        loads, deadline, delay = 0, 0.0, 0.05
+        while True:
             pipe = self.client.pipeline(transaction=False)
             for i in todo:
                 script.queue(pipe, *calls[i])
@@ -205,10 +285,15 @@ class Store:
                     "WAIT", replicas, self.config.wait_replicas_timeout_ms)
             replies = pipe.execute(raise_on_error=False)
             waited = replies.pop() if replicas else None
-            retry = []
+            retry, missing, refused = [], False, None
             for i, reply in zip(todo, replies, strict=True):
                 if isinstance(reply, NoScriptError):
                     retry.append(i)
+                    missing = True
+                elif isinstance(reply, Exception) and not_executed(reply):
+                    # A slot migration refused it (redis-py's pipeline gave up): it did not run.
+                    retry.append(i)
+                    refused = reply
                 elif isinstance(reply, Exception):
                     raise reply
                 else:
@@ -219,9 +304,19 @@ class Store:
                 for waited in waits:
                     self._check_replicas(waited, wait)
                 return results
-            script.ensure_loaded(self.client)
+            if missing:
+                if loads == 2:
+                    raise RuntimeError(f"script {script.name} could not be loaded")
+                script.ensure_loaded(self.client)
+                loads += 1
+            if refused is not None:  # tried again as StoreCluster tries a single command
+                now = time.monotonic()
+                deadline = deadline or now + (MIGRATION_PATIENCE_FAST_S if self._fail_fast else MIGRATION_PATIENCE_S)
+                if now >= deadline:
+                    raise refused
+                time.sleep(min(delay, deadline - now))
+                delay = min(delay * 2, 0.5)
             todo = retry
-        raise RuntimeError(f"script {script.name} could not be loaded")
 
     def _check_replicas(self, acked: Any, what: str) -> None:
         if isinstance(acked, Exception):
@@ -392,7 +487,7 @@ class Store:
             return
         with contextlib.suppress(Exception):  # closing is best effort
             close_client(self._client)
-        if self.config.redis_cluster:  # a cluster client is made anew (with a fresh slot map)
+        if self._cluster:  # a cluster client is made anew (with a fresh slot map)
             self._client = self._lanes_of = None
 
     def _now(self, now_ms: int | None) -> str:
@@ -922,7 +1017,7 @@ class Store:
     def subscribe_wake(self) -> WakeSubscription:
         """A new subscription to the wake channel (its own connection; see :class:`WakeSubscription`)."""
         return WakeSubscription(
-            make_client(self.url, options=self.config.redis_options, fail_fast=True, cluster=self.config.redis_cluster),
+            make_client(self.url, options=self.config.redis_options, fail_fast=True, cluster=self.cluster),
             self.keys.wake)
 
     # -- worker side: the execution ledger ----------------------------------------------

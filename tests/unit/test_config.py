@@ -86,3 +86,28 @@ def test_a_cluster_store_url_with_database_0_or_none_is_accepted(url):
     app = Celery("c", broker="amqp://", set_as_current=False)
     app.conf.update(delayed_redis_url=url, delayed_redis_cluster=True)
     assert DelayedConfig.from_app(app).redis_cluster is True
+
+
+def test_redis_cluster_is_auto_by_default_and_takes_true_false_or_auto():
+    app = Celery("c", broker="amqp://", set_as_current=False)
+    app.conf.update(delayed_redis_url="redis://h:7000/3")  # "auto": a database is refused only on a cluster found
+    assert DelayedConfig.from_app(app).redis_cluster == "auto"
+    for value in (True, False, "auto"):
+        app.conf.update(delayed_redis_url="redis://h:7000/0", delayed_redis_cluster=value)
+        assert DelayedConfig.from_app(app).redis_cluster == value
+    app.conf.update(delayed_redis_cluster="yes")
+    with pytest.raises(ConfigurationError, match=r"must be True, False or 'auto', got str 'yes'"):
+        DelayedConfig.from_app(app)
+
+
+def test_auto_accepts_a_sentinel_url_and_wait_replicas_which_true_refuses():
+    app = Celery("c", broker="amqp://", set_as_current=False)
+    app.conf.update(delayed_redis_url="sentinel://h:26379", delayed_redis_options={"master_name": "m"},
+                    delayed_wait_replicas=1)
+    assert DelayedConfig.from_app(app).redis_cluster == "auto"
+    app.conf.update(delayed_redis_cluster=True)
+    with pytest.raises(ConfigurationError, match="names Sentinels"):
+        DelayedConfig.from_app(app)
+    app.conf.update(delayed_redis_url="redis://h:7000/0")
+    with pytest.raises(ConfigurationError, match="delayed_wait_replicas is not supported"):
+        DelayedConfig.from_app(app)

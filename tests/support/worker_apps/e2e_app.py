@@ -23,7 +23,7 @@ import redis
 from celery import Celery
 from redis.cluster import RedisCluster
 
-from celery_delayed import DelayedTask
+from celery_delayed import DelayedTask, get_store
 
 BROKER = os.environ.get("E2E_BROKER", "redis://127.0.0.1:6379/0")
 STORE = os.environ.get("E2E_REDIS", BROKER)
@@ -47,7 +47,8 @@ _client: redis.Redis | None = None
 def record(task_id: str, retries: int = 0) -> None:
     global _client
     if _client is None:
-        if app.conf.get("delayed_redis_cluster"):
+        if app.conf.get("delayed_redis_cluster") is True or (
+                app.conf.delayed_redis_url == STORE and get_store(app).cluster):  # "auto" found a cluster
             _client = RedisCluster.from_url(STORE, decode_responses=True)  # type: ignore[assignment]
         else:
             _client = redis.Redis.from_url(STORE, decode_responses=True)
