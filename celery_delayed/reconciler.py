@@ -1,7 +1,7 @@
 """The reconciler: what Redis or the broker lost is found and released again, once.
 
 One pass (``celery -A proj delayed reconcile``, or inside the scheduler every
-``delayed_reconcile_interval_s``, one scheduler at a time under a lease):
+``delayed_reconcile_interval_s``, in the scheduler that holds shard 0):
 
 1. **Released, never started** (both modes). A job released (QUEUED) whose
    execution has not started ``delayed_requeue_after_s`` after its due time
@@ -97,8 +97,9 @@ class Reconciler:
         report = Report()
         self.store.reload_layout(5.0)
         now = self.store.now_ms() if now_ms is None else now_ms
-        for shard in self.store.shard_range():
-            self._rerelease(shard, now, report)
+        if self.store.any_released():  # an idle fleet: one command instead of a read per shard
+            for shard in self.store.shard_range():
+                self._rerelease(shard, now, report)
         if self.rows is not None and self.store.moving_from is None:  # not while a reshard moves records
             self.rows.refresh_statistics()  # its reads below are index lookups only with statistics
             self._reindex(now, report)

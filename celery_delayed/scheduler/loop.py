@@ -42,6 +42,9 @@ logger = logging.getLogger("celery_delayed.scheduler")
 # and retried the same way: the scheduler process never dies of an error.
 _TRANSIENT = (StoreUnavailable, OperationalError, OSError)
 _MAX_BACKOFF_S = 5.0
+#: Every this many membership leases a scheduler checks every lease it may hold, even when nothing
+#: suggests that it lost one (a safety net: each check costs a script call per shard).
+VERIFY_LEASES = 20
 _INF = float("inf")
 #: Heartbeats between two reads of the store's layout (a reshard also tells the schedulers at once).
 LAYOUT_EVERY = 2
@@ -105,6 +108,11 @@ class Scheduler:
         self._wake = threading.Event()
         self._lock = threading.Lock()
         self._next_heartbeat = 0.0  # time.monotonic() of the next heartbeat
+        # Check every lease this scheduler may hold at the next heartbeat (not only the shards it
+        # gains or gives up): at the start, after an error or a lost lease, when it (re)joined the
+        # members, and every VERIFY_LEASES of them anyway (see _hold).
+        self._verify = True
+        self._verify_at = 0.0
         self._joined = False
         self._checked = False
         self._beats = 0
@@ -165,23 +173,23 @@ class Scheduler:
                 logger.info("scheduler %s: the store's layout is now %d shards%s", self.owner, self.store.shards,
                             f" (a reshard is moving jobs from {self.store.moving_from})"
                             if self.store.moving_from else "")
-        now, members = self.store.heartbeat(self.owner)
-        self._observe(now)
-        self._hold(members)
-        if len(members) > 1:
-            self._watch_members()
-        if not self._joined:
+        beat = self.store.heartbeat(self.owner)
+        self._observe(beat.now_ms)
+        self._hold(beat.members, verify=beat.joined)
+        if len(beat.members) > 1:
+            self._watch_members(beat.deadlines)
+        if not self._joined or beat.joined:  # joined, or back after being counted dead: the others rebalance
             self._joined = True
             self._announce()
         self.ready.set()
 
-    def _watch_members(self) -> None:
+    def _watch_members(self, deadlines: dict[str, int]) -> None:
         """Heartbeat again the moment another member's lease runs out.
 
         A dead member's shards are taken over when its lease expires; waiting
         for our next regular heartbeat would add up to a quarter lease.
         """
-        others = [deadline for member, deadline in self.store.member_deadlines() if member != self.owner]
+        others = [deadline for member, deadline in deadlines.items() if member != self.owner]
         if others:
             left_s = max(0.0, (min(others) - self._redis_now()) / 1000.0) + 0.02
             self._next_heartbeat = min(self._next_heartbeat, time.monotonic() + left_s)
@@ -193,21 +201,39 @@ class Scheduler:
         except Exception:
             logger.debug("announcing the membership change failed", exc_info=True)
 
-    def _hold(self, members: list[str]) -> None:
-        """Hold this member's share of the shards (every heartbeat: it renews their leases too).
+    def _hold(self, members: list[str], verify: bool = False) -> None:
+        """Hold this member's share of the shards.
 
-        A wanted shard whose lease another member still holds is tried again
-        the moment that lease runs out (or when its holder, giving it up,
-        announces it); shards given up are announced, so their new holder
-        takes them at once.
+        A shard's lease has no deadline (it is this scheduler's while it is a
+        live member), so a heartbeat that changes nothing sends nothing here:
+        only the shards it gains or gives up go to the store. With ``verify``
+        (and after an error, a lost lease, and every ``VERIFY_LEASES``) every
+        wanted shard is checked and every other one given up, in case this
+        scheduler's view is stale: it was counted dead and its shards taken,
+        or a reply was lost. A wanted shard that another live member holds
+        is tried again when that member, giving it up, announces it (or at
+        the next heartbeat, or when that member's membership runs out: see
+        :meth:`_watch_members`); shards given up are announced, so their new
+        holder takes them at once.
         """
         with self._lock:
             before = dict(self.shards)
         wanted = share(members, self.owner, self.store.span)
-        give = set(before) - wanted
-        held, waits = self.store.hold_shards(self.owner, wanted, give)
+        if verify or self._verify or time.monotonic() >= self._verify_at:
+            self._verify = True  # until the check went through
+            take, give = wanted, set(range(self.store.span)) - wanted
+        else:
+            take, give = wanted - set(before), set(before) - wanted
+        self.members = members
+        if not take and not give:
+            return
+        held, waits = self.store.hold_shards(self.owner, take, give, members)
+        if self._verify:
+            self._verify = False
+            self._verify_at = time.monotonic() + VERIFY_LEASES * self.config.lease_ms / 1000.0
+        held = {s: f for s, f in before.items() if s in wanted and s not in take} | held
         with self._lock:
-            gained = set(held) - set(self.shards)
+            gained = {s for s, f in held.items() if self.shards.get(s) != f}  # new, or taken again: a new fence
             lost = set(before) - set(held)
             self.shards = held
             for s in gained:
@@ -215,11 +241,7 @@ class Scheduler:
             for s in lost:
                 self.next_due.pop(s, None)
                 self._woken.pop(s, None)
-        self.members = members
-        if waits:
-            retry_s = min(waits.values()) / 1000.0 + 0.02
-            self._next_heartbeat = min(self._next_heartbeat, time.monotonic() + retry_s)
-        if give:
+        if set(before) - wanted:
             self._announce()
         if gained or lost:
             logger.info(
@@ -276,6 +298,7 @@ class Scheduler:
                 self.shards.pop(shard, None)
                 self.next_due.pop(shard, None)
             self._next_heartbeat = 0.0  # re-read the membership now
+            self._verify = True  # and check every lease: others may be lost too
             return 0
         self._observe(batch.now_ms)
         self.batches += 1
@@ -418,6 +441,7 @@ class Scheduler:
         have been scheduled while the listener was not subscribed.
         """
         self._next_heartbeat = 0.0
+        self._verify = True
         self._wake_all()
         self._wake.clear()  # sleep the back-off first
         try:

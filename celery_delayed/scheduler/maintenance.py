@@ -7,16 +7,16 @@ reconciliation pass never holds up a release. Every second it:
   :mod:`.mirror`): those of the shards this scheduler released from since
   the last round, and two more of its shards in turn (a worker's start and
   finish reach a row within a turn of the held shards, half as many seconds);
-- takes or keeps the reconciler's lease (one scheduler of the fleet at a
-  time; renewed every ten seconds) and, while it holds it, indexes rows
-  committed since the last look but not yet in Redis (the outbox sweep: a
-  Core ``Connection``'s jobs, a process that died between commit and index,
-  Redis down at the time) and runs a full
+- in the scheduler that holds shard 0 (one scheduler of the fleet at a
+  time, under that shard's fenced lease: no lease of its own to renew),
+  indexes rows committed since the last look but not yet in Redis (the
+  outbox sweep: a Core ``Connection``'s jobs, a process that died between
+  commit and index, Redis down at the time) and runs a full
   :class:`~celery_delayed.reconciler.Reconciler` pass every
   ``delayed_reconcile_interval_s``.
 
-An idle Redis-only scheduler sends nothing here but the lease renewal and a
-pass's reads once an interval.
+An idle Redis-only scheduler sends nothing here but a pass's two commands once
+an interval (the clock, and one look at whether any shard has a released job).
 """
 
 from __future__ import annotations
@@ -38,10 +38,8 @@ logger = logging.getLogger("celery_delayed.scheduler")
 
 #: Seconds between two rounds of maintenance.
 TICK_S = 1.0
-#: How long the reconciler's lease lasts without being renewed, ms.
-LEASE_MS = 30_000
-#: How often the holder renews the reconciler's lease, s.
-RENEW_S = LEASE_MS / 3000
+#: The shard whose holder runs the reconciler and the outbox sweep.
+RECONCILER_SHARD = 0
 #: How far back the outbox sweep looks again (rows committed late by long transactions), ms.
 SWEEP_OVERLAP_MS = 10_000
 #: Held shards whose change log is applied in turn each round, beside those released from.
@@ -63,8 +61,6 @@ class Maintenance:
         self.last_report: dict[str, object] | None = None
         self._next_pass = time.monotonic() + self.interval_s
         self._sweep_from = int(time.time() * 1000) - SWEEP_OVERLAP_MS
-        self._holder = False
-        self._renew_at = 0.0
         self._dirty: set[int] = set()
         self._turn = 0
         self._lock = threading.Lock()
@@ -77,15 +73,10 @@ class Maintenance:
         self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop the thread after its current step; give the reconciler's lease back."""
+        """Stop the thread after its current step."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
-        if self._holder:
-            try:
-                self.store.lease(self.store.keys.reconcile_lease, self.owner, 0)
-            except Exception:
-                logger.debug("giving the reconciler's lease back failed", exc_info=True)
 
     def released_from(self, shard: int) -> None:
         """The scheduler loop released (or held back) jobs of ``shard``: mirror its log next round."""
@@ -110,13 +101,10 @@ class Maintenance:
             self._stop.wait(TICK_S)
 
     def tick(self) -> None:
-        """One round: mirror the held shards, keep the lease, sweep, and reconcile when it is time."""
+        """One round: mirror the held shards; holding shard 0, sweep, and reconcile when it is time."""
         if self.mirror is not None:
             self.mirror.apply(self._mirror_shards())
-        if time.monotonic() >= self._renew_at:
-            self._holder = self.store.lease(self.store.keys.reconcile_lease, self.owner, LEASE_MS) is not None
-            self._renew_at = time.monotonic() + RENEW_S
-        if not self._holder:
+        if RECONCILER_SHARD not in self.held_shards():
             return
         if self.rows is not None:
             self._sweep_from = self.reconciler.sweep_outbox(self._sweep_from) - SWEEP_OVERLAP_MS

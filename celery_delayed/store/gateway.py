@@ -57,7 +57,7 @@ from .keys import Keys, ShardKeys, index_part, parse_index_part, shard_for
 from .lane import Lanes
 from .loader import Arg, Script, Scripts, scripts
 from .moves import JobMover
-from .records import NEW_JOB_FIELDS, Batch, NewJob, Outcome, Scheduled, Started, rehome
+from .records import NEW_JOB_FIELDS, Batch, Membership, NewJob, Outcome, Scheduled, Started, rehome
 
 #: Delay before a job the broker refused is published again, ms (doubled after each refusal).
 _REFUSED_DELAY_MS = 1000
@@ -942,13 +942,14 @@ class Store:
         """The settings every scheduler of this store must share, as heartbeat.lua records them."""
         return f"lease_ms={self.config.lease_ms}"
 
-    def heartbeat(self, owner: str, leave: bool = False, now_ms: int | None = None) -> tuple[int, list[str]]:
-        """Renew (or give up) ``owner``'s membership (``heartbeat.lua``); return (now ms, live members)."""
+    def heartbeat(self, owner: str, leave: bool = False, now_ms: int | None = None) -> Membership:
+        """Renew (or give up) ``owner``'s membership (``heartbeat.lua``); return what it saw."""
         reply = self._run(
             self.scripts.heartbeat, [self.keys.schedulers, self.keys.scheduler_settings],
             [self._now(now_ms), owner, self.config.lease_ms, "1" if leave else "", self.fleet_settings()],
         )
-        return int(reply[0]), [str(m) for m in reply[1:]]
+        deadlines = {str(reply[i]): int(float(reply[i + 1])) for i in range(2, len(reply), 2)}
+        return Membership(int(reply[0]), list(deadlines), deadlines, int(reply[1]) == 1)
 
     def check_fleet(self) -> None:
         """Refuse to join a fleet of schedulers that run with other shared settings.
@@ -974,29 +975,33 @@ class Store:
                 )
 
     def hold_shards(
-        self, owner: str, take: Iterable[int], give: Iterable[int] = (), now_ms: int | None = None,
-    ) -> tuple[dict[int, str], dict[int, int]]:
-        """Take or keep the leases of shards ``take``, give up those of ``give`` (``shard_lease.lua``, one per shard).
+        self, owner: str, take: Iterable[int], give: Iterable[int] = (), live: Iterable[str] = (),
+    ) -> tuple[dict[int, str], dict[int, str]]:
+        """Take (or check) the leases of shards ``take``, give up those of ``give`` (``shard_lease.lua`` per shard).
 
         One script call per shard (one slot each: this runs on Redis Cluster),
-        all in one round trip. A shard another live lease holds is not taken.
+        all in one round trip. A lease has no deadline: it is its holder's
+        while the holder is among the ``live`` members (the caller's last
+        heartbeat), so a held shard needs no renewal, and a shard another
+        live member holds is not taken.
 
         Returns ({shard: fence} of the ``take`` shards the caller holds now,
-        {shard: ms until its holder's lease runs out} of the others).
+        {shard: holder} of the others).
         """
         wanted, dropped = sorted(set(take)), sorted(set(give) - set(take))
+        members = list(live)
         calls: list[tuple[Sequence[str], Sequence[Arg]]] = []
-        for shard, ms in [(s, self.config.lease_ms) for s in wanted] + [(s, 0) for s in dropped]:
+        for shard, arg in [(s, "") for s in wanted] + [(s, "1") for s in dropped]:
             sk = self.keys.shard(shard)
-            calls.append(([sk.lease, sk.fence, sk.lease_until], [self._now(now_ms), owner, ms]))
+            calls.append(([sk.lease, sk.fence], ["", owner, arg, *([] if arg else members)]))
         held: dict[int, str] = {}
-        waits: dict[int, int] = {}
+        waits: dict[int, str] = {}
         replies = self._run_many(self.scripts.shard_lease, calls) if calls else []
-        for shard, (code, fence, wait) in zip(wanted, replies, strict=False):
+        for shard, (code, fence, holder) in zip(wanted, replies, strict=False):
             if int(code) == Reply.OK:
                 held[shard] = str(fence)
             else:
-                waits[shard] = int(wait)
+                waits[shard] = str(holder)
         return held, waits
 
     def member_deadlines(self) -> list[tuple[str, float]]:
@@ -1192,6 +1197,14 @@ class Store:
         ))
 
     # -- the reconciler and the database mirror ----------------------------------------------
+
+    def any_released(self) -> bool:
+        """True when some shard has a released job not started yet (one ``EXISTS`` over every shard's set).
+
+        The reconciler's pass reads no shard when none has (an idle fleet);
+        on Redis Cluster the client splits the command by slot.
+        """
+        return bool(self.client.exists(*(self.keys.shard(s).released for s in self.shard_range())))
 
     def release_candidates(self, shard: int, older_than_ms: int, after: float = 0.0,
                            limit: int = 1000) -> list[tuple[str, float]]:

@@ -11,7 +11,6 @@ so a script that touches one shard touches one slot::
     {prefix}:{<s>}:inflight            ZSET   job id -> claim deadline (publish path)
     {prefix}:{<s>}:lease               STRING "<owner>|<fence>" of the scheduler releasing it
     {prefix}:{<s>}:fence               STRING fencing counter, INCR on every hand-over
-    {prefix}:{<s>}:lease_until         STRING the lease's deadline, epoch ms (``shard_lease.lua``)
     {prefix}:{<s>}:job:<id>            HASH   the job record (see ``records.py``)
     {prefix}:{<s>}:tpl:<tid>           STRING a compact records' template, JSON (``compact.py``):
                                               expires after the latest due time of its
@@ -59,8 +58,6 @@ and, outside any shard::
                                               ``from``, the old count, while it moves jobs)
     {prefix}:schedules                 SET    names of every recurring schedule (the schedulers
                                               read it every few seconds instead of each shard's)
-    {prefix}:{reconcile}               STRING "<owner>|<fence>": the scheduler running the
-                                              reconciler (a lease); :fence its counter
     {prefix}:wake                      PUBSUB "<shard>:<due_ms>" when a job is due earlier
                                               than the scheduler knew; "members|<owner>"
                                               when a scheduler joins or leaves
@@ -121,11 +118,6 @@ class Keys:
         """Pub/sub channel that wakes sleeping schedulers."""
         return f"{self.prefix}:wake"
 
-    @property
-    def reconcile_lease(self) -> str:
-        """The lease of the scheduler that runs the reconciler (its fence: ``+ ":fence"``)."""
-        return f"{self.prefix}:{{reconcile}}"
-
 
 @dataclass(frozen=True)
 class ShardKeys:
@@ -159,6 +151,7 @@ class ShardKeys:
 
     @property
     def lease_until(self) -> str:
+        """The lease deadline earlier versions of ``shard_lease.lua`` kept (no longer read or written)."""
         return f"{self.base}:lease_until"
 
     @property

@@ -157,6 +157,18 @@ class Batch:
 
 
 @dataclass(frozen=True)
+class Membership:
+    """What one scheduler heartbeat (``heartbeat.lua``) saw."""
+
+    now_ms: int  # the Redis server's clock
+    members: list[str]  # the live members, sorted (the caller among them unless it left)
+    deadlines: dict[str, int] = field(default_factory=dict)  # live member -> membership deadline, ms
+    #: this heartbeat added the caller to the set (its first, or it had been dropped as dead, or the set
+    #: was lost): the shards it held may have been taken since
+    joined: bool = False
+
+
+@dataclass(frozen=True)
 class Started:
     """What ``start.lua`` decided for one delivery."""
 

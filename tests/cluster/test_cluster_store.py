@@ -64,11 +64,10 @@ def test_every_fleet_wide_key_pair_shares_a_slot_and_shards_spread_over_every_ma
     store = get_store(capp(redis_url, cluster_url, uid, delayed_shards=16))
     k = store.keys
     assert cclient.keyslot(k.schedulers) == cclient.keyslot(k.scheduler_settings)
-    assert cclient.keyslot(k.reconcile_lease) == cclient.keyslot(k.reconcile_lease + ":fence")
     masters = set()
     for s in range(16):
         sk = k.shard(s)
-        slots = {cclient.keyslot(key) for key in (sk.due, sk.lease, sk.fence, sk.lease_until, sk.job("x"),
+        slots = {cclient.keyslot(key) for key in (sk.due, sk.lease, sk.fence, sk.job("x"), sk.released,
                                                    sk.stats, sk.paused, sk.index("3:abc:q"), sk.template("t"))}
         assert len(slots) == 1, s
         masters.add(cclient.get_node_from_key(sk.due).name)

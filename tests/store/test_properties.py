@@ -7,8 +7,8 @@ time (every script takes ``now_ms``):
 - scheduling: schedule (with ``expires``, ``max_lateness`` and ``misfire``),
   cancel (also of a running job), reschedule; debounce and throttle keys
   (schedule_keyed);
-- the scheduler side: heartbeat and hold_shards (membership, shard leases,
-  their deadlines and fences), release_due and claim_due called by the lease holder, by a
+- the scheduler side: heartbeat and hold_shards (membership, shard leases
+  held while their holder is a live member, and fences), release_due and claim_due called by the lease holder, by a
   stale holder (refused) or without a lease, ack_claimed, claim leases that
   run out; misfire and expiry decided at release;
 - the worker side: start, extend_lease, finish (SUCCEEDED, FAILED, QUEUED);
@@ -128,7 +128,6 @@ def machine(redis_url: str, bucket_ms: int) -> type[RuleBasedStateMachine]:
             self.members: dict[str, int] = {}  # scheduler -> membership deadline
             self.leases: dict[int, tuple[str, int]] = {}  # shard -> (owner, fence)
             self.fences: dict[int, int] = {s: 0 for s in range(SHARDS)}
-            self.lease_until: dict[int, int] = {}  # shard -> lease deadline
             self._fields: dict[str, dict[str, str]] = {}
             self.paused = False
             self.counts = {"released": 0, "cancelled": 0, "promoted": 0}
@@ -388,13 +387,15 @@ def machine(redis_url: str, bucket_ms: int) -> type[RuleBasedStateMachine]:
 
         @rule(owner=st.sampled_from(SCHEDULERS), leave=st.booleans())
         def heartbeat(self, owner: str, leave: bool) -> None:
-            now, live = self.store.heartbeat(owner, leave, now_ms=self.now)
+            beat = self.store.heartbeat(owner, leave, now_ms=self.now)
+            joined = not leave and owner not in self.members  # the set is pruned only here
             if leave:
                 self.members.pop(owner, None)
             else:
                 self.members[owner] = self.now + LEASE_MS
             self.members = {m: d for m, d in self.members.items() if d > self.now}
-            assert now == self.now and live == sorted(self.members)
+            assert (beat.now_ms, beat.members, beat.deadlines, beat.joined) == (
+                self.now, sorted(self.members), self.members, joined)
 
         @rule(owner=st.sampled_from(SCHEDULERS), give_all=st.booleans())
         def hold(self, owner: str, give_all: bool) -> None:
@@ -402,25 +403,25 @@ def machine(redis_url: str, bucket_ms: int) -> type[RuleBasedStateMachine]:
             live = [m for m, d in self.members.items() if d > self.now]  # the set is not pruned here
             mine = {s for s, lease in self.leases.items() if lease[0] == owner}
             wanted = set() if give_all else share(live, owner, SHARDS)
-            held, waits = self.store.hold_shards(owner, wanted, mine - wanted, now_ms=self.now)
+            held, waits = self.store.hold_shards(owner, wanted, mine - wanted, live=live)
             exp_held: dict[int, str] = {}
-            exp_waits: dict[int, int] = {}
+            exp_waits: dict[int, str] = {}
             for s in sorted(wanted | mine):
-                cur, left = self.leases.get(s), self.lease_until.get(s, 0) - self.now
-                if cur is not None and cur[0] != owner and left > 0:
-                    if s in wanted:
-                        exp_waits[s] = left
-                    continue
-                if s not in wanted:  # given up
-                    if cur is not None and cur[0] == owner:
+                cur = self.leases.get(s)
+                if cur is not None and cur[0] == owner:
+                    if s in wanted:  # kept: no deadline to move, the same fence
+                        exp_held[s] = str(cur[1])
+                    else:  # given up
                         del self.leases[s]
-                        self.lease_until.pop(s, None)
                     continue
-                if cur is None or cur[0] != owner:
-                    self.fences[s] += 1  # a new holder: a new fence
-                    self.leases[s] = (owner, self.fences[s])
-                self.lease_until[s] = self.now + LEASE_MS
-                exp_held[s] = str(self.leases[s][1])
+                if s not in wanted:
+                    continue
+                if cur is not None and cur[0] in live:  # its holder is a live member
+                    exp_waits[s] = cur[0]
+                    continue
+                self.fences[s] += 1  # a new holder: a new fence
+                self.leases[s] = (owner, self.fences[s])
+                exp_held[s] = str(self.fences[s])
             assert (held, waits) == (exp_held, exp_waits)
 
         @rule(shard=st.integers(0, SHARDS - 1), limit=st.integers(1, 6), who=st.sampled_from(CALLERS))
@@ -740,8 +741,6 @@ def machine(redis_url: str, bucket_ms: int) -> type[RuleBasedStateMachine]:
                 lease = self.leases.get(s)
                 assert c.get(sk.lease) == (f"{lease[0]}|{lease[1]}" if lease else None)
                 assert int(c.get(sk.fence) or 0) == self.fences[s]
-                until = c.get(sk.lease_until)
-                assert (int(until) if until else None) == self.lease_until.get(s)
             members = {m: int(d) for m, d in c.zrange(self.store.keys.schedulers, 0, -1, withscores=True)}
             assert members == self.members
             pipe = c.pipeline(transaction=False)

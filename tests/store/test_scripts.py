@@ -528,14 +528,36 @@ def test_reschedule_refuses_when_not_scheduled(store: Store) -> None:
 
 def test_heartbeat_expiry_and_leave(store: Store) -> None:
     key = store.keys.schedulers
-    assert store.heartbeat("a", now_ms=T) == (T, ["a"])
-    assert store.heartbeat("b", now_ms=T + 20_000) == (T + 20_000, ["a", "b"])
+    beat = store.heartbeat("a", now_ms=T)
+    assert (beat.now_ms, beat.members, beat.deadlines, beat.joined) == (T, ["a"], {"a": T + 30_000}, True)
+    beat = store.heartbeat("b", now_ms=T + 20_000)
+    assert (beat.members, beat.deadlines, beat.joined) == (["a", "b"], {"a": T + 30_000, "b": T + 50_000}, True)
+    assert store.heartbeat("b", now_ms=T + 21_000).joined is False  # renewed, not joined
     assert store.client.zscore(key, "a") == T + 30_000
     # a's deadline (T+30s) passed: it is dropped by whoever beats next.
-    assert store.heartbeat("b", now_ms=T + 30_000) == (T + 30_000, ["b"])
-    assert store.heartbeat("c", now_ms=T + 31_000)[1] == ["b", "c"]
-    assert store.heartbeat("c", leave=True, now_ms=T + 32_000) == (T + 32_000, ["b"])
-    assert store.client.zrange(key, 0, -1) == ["b"]
+    beat = store.heartbeat("b", now_ms=T + 30_000)
+    assert (beat.now_ms, beat.members, beat.joined) == (T + 30_000, ["b"], False)
+    assert store.heartbeat("c", now_ms=T + 31_000).members == ["b", "c"]
+    # a comes back: joined again (its shards may have been taken while it was counted dead).
+    assert store.heartbeat("a", now_ms=T + 31_500).joined is True
+    beat = store.heartbeat("c", leave=True, now_ms=T + 32_000)
+    assert (beat.now_ms, beat.members) == (T + 32_000, ["a", "b"])
+    assert sorted(store.client.zrange(key, 0, -1)) == ["a", "b"]
+    # The settings are written when a member joins, and dropped with it.
+    assert set(store.client.hgetall(store.keys.scheduler_settings)) == {"a", "b"}
+
+
+def test_heartbeat_costs_four_commands_when_nothing_changes(redis_url: str, uid: str) -> None:
+    """An idle scheduler's heartbeat is its only regular Redis traffic: keep it small (INFO commandstats)."""
+    s = Store(make_app(redis_url, uid))
+    s.heartbeat("a")
+    s.hold_shards("a", range(s.config.shards), live=["a"])
+    s.client.config_resetstat()
+    s.heartbeat("a")
+    stats = s.client.info("commandstats")
+    calls = {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()
+             if k not in ("cmdstat_config|resetstat", "cmdstat_info")}
+    assert calls == {"evalsha": 1, "time": 1, "zadd": 1, "zrange": 1}, calls
 
 
 def _members(store: Store, names: list[str], now: int) -> None:
@@ -548,7 +570,7 @@ def test_shares_split_evenly_and_deterministically(redis_url: str, uid: str, m: 
     s = Store(make_app(redis_url, uid, delayed_shards=10))
     names = [f"s{i}" for i in range(m)]
     _members(s, names, T)
-    got = {n: s.hold_shards(n, share(names, n, 10), now_ms=T) for n in names}
+    got = {n: s.hold_shards(n, share(names, n, 10), live=names) for n in names}
     assert all(not waits for _, waits in got.values())
     held = sorted(shard for g, _ in got.values() for shard in g)
     assert held == list(range(10))  # every shard exactly once
@@ -558,40 +580,54 @@ def test_shares_split_evenly_and_deterministically(redis_url: str, uid: str, m: 
         for shard, fence in g.items():
             assert s.client.get(s.keys.shard(shard).lease) == f"{n}|{fence}"
     # Again, in any order: the same shards and no fence moves.
-    assert {n: s.hold_shards(n, share(names, n, 10), now_ms=T + 1) for n in reversed(names)} == got
+    assert {n: s.hold_shards(n, share(names, n, 10), live=names) for n in reversed(names)} == got
     assert share(names, "stranger", 10) == set()
 
 
-def test_a_shard_moves_only_when_given_up_or_run_out_and_its_fence_moves(redis_url: str, uid: str) -> None:
+def test_a_shard_moves_only_when_given_up_or_its_holder_is_dead_and_its_fence_moves(redis_url: str,
+                                                                                     uid: str) -> None:
     s = Store(make_app(redis_url, uid, delayed_shards=4, delayed_lease_ms=30_000))
-    assert s.hold_shards("a", range(4), now_ms=T) == ({0: "1", 1: "1", 2: "1", 3: "1"}, {})
-    # b wants shards 1 and 3 while a's lease on them is alive: refused, told how long to wait.
-    assert s.hold_shards("b", [1, 3], now_ms=T + 1000) == ({}, {1: 29_000, 3: 29_000})
+    live = ["a", "b"]
+    assert s.hold_shards("a", range(4), live=["a"]) == ({0: "1", 1: "1", 2: "1", 3: "1"}, {})
+    # b wants shards 1 and 3 while a, their holder, is a live member: refused, told who holds them.
+    assert s.hold_shards("b", [1, 3], live=live) == ({}, {1: "a", 3: "a"})
     # a gives up 1 and keeps 0 and 2 (same fences); b takes 1 (fence + 1).
-    assert s.hold_shards("a", [0, 2], give=[1], now_ms=T + 2000) == ({0: "1", 2: "1"}, {})
-    assert s.hold_shards("b", [1, 3], now_ms=T + 2000) == ({1: "2"}, {3: 28_000})
+    assert s.hold_shards("a", [0, 2], give=[1], live=live) == ({0: "1", 2: "1"}, {})
+    assert s.hold_shards("b", [1, 3], live=live) == ({1: "2"}, {3: "a"})
     # a's old lease on shard 1 no longer lets it release there; b's does.
     with pytest.raises(LeaseLost):
         s.release_due(1, "a", "1", now_ms=T + 3000)
     s.release_due(1, "b", "2", now_ms=T + 3000)
-    # a stops renewing shard 3 (paused): once its lease ran out, b takes it...
-    assert s.hold_shards("b", [3], now_ms=T + 30_000) == ({3: "2"}, {})
-    # ...and a, back, can neither release from it nor take it back while b's lease lives.
+    # a is paused past its membership (no longer live): b takes shard 3...
+    assert s.hold_shards("b", [3], live=["b"]) == ({3: "2"}, {})
+    # ...and a, back, can neither release from it nor take it back while b is live.
     with pytest.raises(LeaseLost):
         s.release_due(3, "a", "1", now_ms=T + 30_001)
-    assert s.hold_shards("a", [0, 2, 3], now_ms=T + 30_001) == ({0: "1", 2: "1"}, {3: 29_999})
-    # A lease past its deadline that nobody took is still the holder's, with its fence.
-    assert s.hold_shards("a", [0], now_ms=T + 90_000) == ({0: "1"}, {})
+    assert s.hold_shards("a", [0, 2, 3], live=live) == ({0: "1", 2: "1"}, {3: "b"})
+    # A lease is its holder's as long as nobody took it, whatever the time: nothing renews it.
+    assert s.hold_shards("a", [0], live=["a"]) == ({0: "1"}, {})
     # Giving up a shard someone else holds changes nothing.
-    assert s.hold_shards("a", [], give=[1], now_ms=T + 90_000) == ({}, {})
+    assert s.hold_shards("a", [], give=[1], live=live) == ({}, {})
     assert s.client.get(s.keys.shard(1).lease) == "b|2"
 
 
-def test_a_lease_without_a_deadline_counts_as_run_out(redis_url: str, uid: str) -> None:
+def test_checking_a_held_lease_costs_two_commands(redis_url: str, uid: str) -> None:
     s = Store(make_app(redis_url, uid, delayed_shards=2))
-    s.client.set(s.keys.shard(0).lease, "old|4")  # as rebalance.lua of earlier versions wrote it
+    s.hold_shards("a", [0], live=["a"])
+    s.client.config_resetstat()
+    assert s.hold_shards("a", [0], live=["a"]) == ({0: "1"}, {})
+    stats = s.client.info("commandstats")
+    calls = {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()
+             if k not in ("cmdstat_config|resetstat", "cmdstat_info")}
+    assert calls == {"evalsha": 1, "get": 1}, calls
+
+
+def test_a_lease_of_an_earlier_version_is_taken_when_its_holder_is_not_live(redis_url: str, uid: str) -> None:
+    s = Store(make_app(redis_url, uid, delayed_shards=2))
+    s.client.set(s.keys.shard(0).lease, "old|4")  # as rebalance.lua or shard_lease.lua of earlier versions wrote it
     s.client.set(s.keys.shard(0).fence, 4)
-    assert s.hold_shards("a", [0], now_ms=T) == ({0: "5"}, {})
+    assert s.hold_shards("a", [0], live=["a", "old"]) == ({}, {0: "old"})
+    assert s.hold_shards("a", [0], live=["a"]) == ({0: "5"}, {})
 
 
 # -- script loading ---------------------------------------------------------------
@@ -610,7 +646,7 @@ def test_noscript_is_recovered(store: Store, redis_server: Any) -> None:
     store.client.script_flush()
     assert store.release_due(0, now_ms=T).count == 3
     for op in (lambda: store.cancel("m1", now_ms=T), lambda: store.heartbeat("x", now_ms=T),
-               lambda: store.hold_shards("x", [1], now_ms=T), lambda: store.claim_due(2, now_ms=T),
+               lambda: store.hold_shards("x", [1], live=["x"]), lambda: store.claim_due(2, now_ms=T),
                lambda: store.ack_claimed(2, ["m2"], now_ms=T),
                lambda: store.reschedule("m3", "+5", now_ms=T)):
         store.client.script_flush()
