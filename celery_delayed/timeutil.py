@@ -85,6 +85,17 @@ def eta_iso(when: object, tz: tzinfo) -> str:
     return (datetime.now(tz) + timedelta(seconds=seconds)).isoformat()
 
 
+def eta_is_due(due: str, tz: tzinfo) -> bool:
+    """Whether the ``eta`` of a job due at ``due`` (a :func:`due_spec`) may be its due time by the store's clock.
+
+    True for a delay in an app whose timezone is UTC: :func:`eta_iso` would
+    write the same instant as it (in ``+00:00``), give or take this host's
+    clock and the round trip. A compact record then renders the header from
+    its due time (``store/compact.py``), as the scripts that move a job do.
+    """
+    return due.startswith("+") and tz.utcoffset(None) == timedelta(0)
+
+
 def localize(naive: datetime, tz: tzinfo) -> datetime:
     """A naive datetime read in ``tz`` (pytz zones through their ``localize``)."""
     pytz_localize = getattr(tz, "localize", None)  # pytz-style zones

@@ -92,7 +92,7 @@ local function emit(id, jk)
   local early = due and due > now
   if not r[1] and r[7] then  -- compact: rendered from its template (whose routing fields it takes)
     local t = template(base, r[7])
-    local f = {b = r[8], a = r[9], k = r[10], e = r[11], i = r[12], r = r[13], pa = r[14]}
+    local f = {b = r[8], a = r[9], k = r[10], e = r[11], i = r[12], r = r[13], pa = r[14], due = due}
     r[1] = render(t, id, shard, f, tg, early and ('"' .. iso_utc(due) .. '"') or nil)
     r[2], r[3], r[4] = t.r.ex, t.r.rk, t.r.q
     redis.call('HSET', jk, 'task', t.r.task, 'q', t.r.q, 'tg', tg)

@@ -41,6 +41,7 @@ steady, so a full store keeps draining.
 -- @include "dlq"
 -- @include "changes"
 -- @include "ops"
+-- @include "eta"
 -- @include "compact"
 
 local now = now_ms(ARGV[1])

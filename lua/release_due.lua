@@ -121,7 +121,7 @@ for _, id in ipairs(ids) do
     unsent, why = unsendable(now, due, exp, ml, mf)
     local early = tonumber(due) > now
     if t then
-      local f = {b = r[12], a = r[13], k = r[14], e = r[15], i = r[16], r = r[17], pa = r[18]}
+      local f = {b = r[12], a = r[13], k = r[14], e = r[15], i = r[16], r = r[17], pa = r[18], due = due}
       msg = render(t, id, shard, f, tg, early and ('"' .. iso_utc(tonumber(due)) .. '"') or nil)
     elseif early then
       msg = early_eta(msg, tonumber(due))

@@ -51,6 +51,7 @@ meanwhile: dropped from the released set).
 -- @include "changes"
 -- @include "destination"
 -- @include "ops"
+-- @include "eta"
 -- @include "compact"
 
 local now = now_ms(ARGV[1])

@@ -18,7 +18,7 @@ from ..errors import DuplicateJob, InvalidOption, UnknownTask
 from ..store import NewJob, Store, get_store, shard_for
 from ..store.compact import Template as CompactTemplate
 from ..store.compact import fast_uuid4
-from ..timeutil import due_spec, eta_iso
+from ..timeutil import due_spec, eta_is_due, eta_iso
 from ..vocab import ETA_HEADER, GENERATION_HEADER, SHARD_HEADER, STORE_HEADER, Field, job_headers
 from .message import build_message, check_options, parent_ids, route_fields
 from .misfire import check_expiry, release_fields
@@ -162,6 +162,8 @@ def prepare(
     check_options(options)
     _check_arguments(name, task_type, args, kwargs)
     due = due_spec(when, app.timezone)
+    # A delay's eta is the due time by the store's clock in a compact record (rendered from `due`).
+    eta_from_due = eta is FROM_WHEN and eta_is_due(due, app.timezone)
     if eta is FROM_WHEN:
         eta = eta_iso(when, app.timezone)
     check_expiry(options.get("expires"), due)
@@ -178,7 +180,8 @@ def prepare(
         headers = {**headers, GENERATION_HEADER: generation}
         per_job[Field.GENERATION] = str(generation)
     fast = None if properties else _render_fast(
-        app, store, name, args or (), kwargs or {}, job_id, shard, options, headers, task_type, release, eta)
+        app, store, name, args or (), kwargs or {}, job_id, shard, options, headers, task_type, release, eta,
+        eta_from_due)
     if fast is not None:
         common, fields, compact = fast
         return Prepared(NewJob(job_id, shard, due, fields | per_job, common, compact), regenerate is not None,
@@ -195,7 +198,7 @@ def prepare(
 def _render_fast(
     app: Celery, store: Store, name: str, args: Sequence[Any], kwargs: Mapping[str, Any], job_id: str,
     shard: int, options: dict[str, Any], headers: Mapping[str, Any], task_type: Any, release: Mapping[str, str],
-    eta: str | None,
+    eta: str | None, eta_from_due: bool = False,
 ) -> tuple[dict[str, str], dict[str, str], CompactTemplate] | None:
     """(shared, all) record fields of a compact job, and its template; None when a cached template
     cannot make it (the regular path builds its whole message).
@@ -211,7 +214,7 @@ def _render_fast(
     if tmpl is None:
         return None
     root_id, parent_id = parent_ids(app, options.get("root_id"), options.get("parent_id"))
-    own = tmpl.compact_fields(job_id, args, kwargs, root_id, parent_id, eta)
+    own = tmpl.compact_fields(job_id, args, kwargs, root_id, parent_id, eta, eta_from_due)
     if own is None or _too_large(own, max_bytes):
         return None  # the regular path builds it (and raises what it raises)
     common, compact = compact_shared(store, name, tmpl, release)
@@ -303,8 +306,9 @@ class PlainCalls:
             check_expiry(self.expires, due)
         job_id = fast_uuid4()
         shard = shard_for(job_id, self.n_shards)
+        from_due = eta_is_due(due, self.tz)
         own = self.tmpl.compact_fields(job_id, args or (), kwargs or {}, self.root_id, self.parent_id,
-                                       eta_iso(when, self.tz))
+                                       None if from_due else eta_iso(when, self.tz), from_due)
         if own is None or _too_large(own, self.store.config.max_payload_bytes):
             return None
         return Prepared(NewJob(job_id, shard, due, self.common | own, self.common, self.compact), False)

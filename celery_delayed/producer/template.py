@@ -140,9 +140,13 @@ class Template:
 
     def compact_fields(
         self, task_id: str, args: Sequence[Any], kwargs: Mapping[str, Any], root_id: str | None,
-        parent_id: str | None, eta: str | None = None,
+        parent_id: str | None, eta: str | None = None, eta_from_due: bool = False,
     ) -> dict[str, str] | None:
-        """The per-job fields of a compact record (``store/compact.py``), or None (the regular path)."""
+        """The per-job fields of a compact record (``store/compact.py``), or None (the regular path).
+
+        ``eta_from_due``: the ``delayed_eta`` header is the job's due time by the store's clock (no ``e``
+        field: the template renders it from ``due``), instead of ``eta``.
+        """
         if type(args) not in (tuple, list) or type(kwargs) is not dict:
             return None
         if not args:
@@ -152,8 +156,8 @@ class Template:
         except (TypeError, ValueError):
             return None
         ar, kr = self._reprs(args, kwargs)
-        return job_fields(task_id, _quote(ar), _quote(kr), head, None if eta is None else _quote(eta),
-                          root_id, parent_id)
+        eta_q = None if eta_from_due else "null" if eta is None else _quote(eta)
+        return job_fields(task_id, _quote(ar), _quote(kr), head, eta_q, root_id, parent_id)
 
     def render(
         self, task_id: str, shard: int, args: Sequence[Any], kwargs: Mapping[str, Any],

@@ -120,7 +120,7 @@ def _cancelled_in_redis(store: Store, latest: dict[str, Row]) -> None:
 
 def _pending_row(job: NewJob, now: int) -> Row:
     due = int(job.due[1:]) + now if job.due.startswith("+") else int(job.due)
-    fields = job.full_fields()  # a compact job with its message rendered: the row rebuilds it alone
+    fields = job.full_fields(due)  # a compact job with its message rendered: the row rebuilds it alone
     return Row(job.id, job.shard, fields.get(Field.TASK, ""), JobState.SCHEDULED, due, fields,
                job.fields.get(Field.IDEMPOTENCY_KEY), 0, now)
 

@@ -184,7 +184,7 @@ class JobRows:
         """The row of a prepared job (its due time resolved to epoch ms)."""
         due = int(job.due[1:]) + now_ms if job.due.startswith("+") else int(job.due)
         ik = job.fields.get(Field.IDEMPOTENCY_KEY) or None
-        fields = job.full_fields()  # a compact job with its message rendered: the row rebuilds it alone
+        fields = job.full_fields(due)  # a compact job with its message rendered: the row rebuilds it alone
         record = {k: v for k, v in fields.items() if v}
         return {
             "prefix": self.prefix, "id": job.id, "shard": job.shard, "task": fields.get(Field.TASK, ""),

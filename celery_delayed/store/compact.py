@@ -20,7 +20,7 @@ a     argsrepr (a JSON string)
 k     kwargsrepr (absent: ``"{}"``)
 b     base64 of the body's head, ``[<args>, <kwargs>`` padded with spaces to
       a multiple of 3 bytes, so that the template's base64 tail can follow it
-e     the ``delayed_eta`` header (absent: null)
+e     the ``delayed_eta`` header as JSON (absent: the due time, see below)
 i     the id as a JSON string, when quoting changes it (absent: ``"<id>"``)
 r     root_id (absent: the id), pa: parent_id (absent: null)
 tg    set at release: the delivery tag's suffix (the tag is ``"<id>.<tg>"``),
@@ -29,6 +29,15 @@ tg    set at release: the delivery tag's suffix (the tag is ``"<id>.<tg>"``),
 
 The body differs from Celery's own by the padding (up to two spaces before the
 comma that precedes the embedded options): the JSON a worker decodes is the same.
+
+Template version 2 (what this version writes) leaves ``e`` out when the
+``delayed_eta`` header is the job's due time by the store's clock, as the
+scripts that move a job write it (``iso_utc``: a ``when`` given as a delay,
+in an app whose timezone is UTC): the header is rendered from the record's
+``due``, and a null header is stored as ``e`` = ``null``. Version 1 records
+(no ``e``: null) are rendered as before. With the template id a decimal
+integer (which Redis stores as an integer in the record's listpack), a
+pending job's record fits a smaller allocation: 32 bytes less per job.
 """
 
 from __future__ import annotations
@@ -40,6 +49,7 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any
 
 #: The slots of a template, in the names the Lua include uses.
@@ -48,6 +58,8 @@ SLOTS = ("id", "root", "parent", "argsrepr", "kwargsrepr", "shard", "tag", "body
 FIELDS = ("tp", "a", "k", "b", "e", "i", "r", "pa")
 #: The routing fields a template holds for its jobs (the record fields of a full job).
 ROUTE_FIELDS = ("task", "q", "ex", "rk", "lk", "bx", "ps")
+#: The template version this code writes (see the module docstring).
+VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -58,17 +70,21 @@ class Template:
     order: tuple[str, ...]  # the slot after each part but the last
     tail64: str  # base64 of the body's tail
     route: tuple[tuple[str, str], ...]  # (field, value) of ROUTE_FIELDS, non-empty ones
+    version: int = VERSION  # 1: a record without ``e`` has a null delayed_eta; 2: its due time
 
     @functools.cached_property
     def text(self) -> str:
         """The JSON stored in Redis."""
-        return json.dumps({"v": 1, "p": list(self.parts), "o": list(self.order), "t": self.tail64,
+        return json.dumps({"v": self.version, "p": list(self.parts), "o": list(self.order), "t": self.tail64,
                            "r": dict(self.route)}, separators=(",", ":"), ensure_ascii=False)
 
     @functools.cached_property
     def tid(self) -> str:
-        """The template's id: a digest of its text (a changed template is another template)."""
-        return hashlib.sha1(self.text.encode("utf-8")).hexdigest()[:16]
+        """The template's id: a digest of its text (a changed template is another template).
+
+        A decimal integer below 2**60 (a record's listpack stores it as an integer).
+        """
+        return str(int(hashlib.sha1(self.text.encode("utf-8")).hexdigest()[:15], 16))
 
     @functools.cached_property
     def fields(self) -> dict[str, str]:
@@ -79,7 +95,7 @@ class Template:
     def from_text(cls, text: str) -> Template:
         """The template stored in Redis as ``text``."""
         d = json.loads(text)
-        return cls(tuple(d["p"]), tuple(d["o"]), str(d["t"]), tuple(sorted(d["r"].items())))
+        return cls(tuple(d["p"]), tuple(d["o"]), str(d["t"]), tuple(sorted(d["r"].items())), int(d.get("v", 1)))
 
 
 def quote(s: str) -> str:
@@ -96,12 +112,16 @@ def body_head64(args_json: str, kwargs_json: str) -> str:
 
 def job_fields(job_id: str, argsrepr_q: str, kwargsrepr_q: str, head64: str, eta_q: str | None,
                root_id: str | None, parent_id: str | None) -> dict[str, str]:
-    """The per-job fields of a compact record (template id excluded), empty ones left out."""
+    """The per-job fields of a compact record of a version 2 template (template id excluded), empty ones left out.
+
+    ``eta_q``: the ``delayed_eta`` header as JSON (``null`` included), or
+    None for the due time (:func:`iso_utc` of the record's ``due``).
+    """
     qid = quote(job_id)
     out = {"a": argsrepr_q, "b": head64}
     if kwargs_default(kwargsrepr_q) is None:
         out["k"] = kwargsrepr_q
-    if eta_q is not None and eta_q != "null":
+    if eta_q is not None:
         out["e"] = eta_q
     if qid != '"' + job_id + '"':
         out["i"] = qid
@@ -122,9 +142,13 @@ def render(t: Template, job_id: str, shard: int, rec: Mapping[str, str], tag: st
     """The message of a compact record: what ``lua/includes/compact.lua`` pushes, byte for byte.
 
     ``tag`` is the delivery tag's suffix (``tg``); ``celery_eta`` the value of
-    Celery's ``eta`` header as JSON (a look-ahead release), else null.
+    Celery's ``eta`` header as JSON (a look-ahead release), else null. A
+    version 2 record without ``e`` needs its ``due``.
     """
     qid = rec.get("i") or '"' + job_id + '"'
+    eta = rec.get("e")
+    if eta is None:
+        eta = '"' + iso_utc(int(rec["due"])) + '"' if t.version >= 2 else "null"
     values = {
         "id": qid,
         "root": rec.get("r") or qid,
@@ -134,7 +158,7 @@ def render(t: Template, job_id: str, shard: int, rec: Mapping[str, str], tag: st
         "shard": str(shard),
         "tag": qid[:-1] + "." + tag + '"',
         "body": '"' + rec.get("b", "") + t.tail64 + '"',
-        "eta": rec.get("e") or "null",
+        "eta": eta,
         "ceta": celery_eta or "null",
     }
     out = [t.parts[0]]
@@ -142,6 +166,12 @@ def render(t: Template, job_id: str, shard: int, rec: Mapping[str, str], tag: st
         out.append(values[slot])
         out.append(t.parts[i])
     return "".join(out)
+
+
+def iso_utc(ms: int) -> str:
+    """Epoch ms as ``lua/includes/eta.lua`` writes it: ISO 8601 in UTC, with microseconds (ms * 1000)."""
+    s, frac = divmod(ms, 1000)
+    return f"{datetime.fromtimestamp(s, tz=timezone.utc):%Y-%m-%dT%H:%M:%S}.{frac:03d}000+00:00"
 
 
 def fast_uuid4() -> str:

@@ -742,14 +742,15 @@ class Store:
         """The stored envelopes of (shard, id) pairs, one round trip (a compact record's rendered)."""
         pipe = self.client.pipeline(transaction=False)
         for shard, job_id in jobs:
-            pipe.hmget(self.keys.shard(shard).job(job_id), Field.MESSAGE, Field.TEMPLATE, Field.TAG, *compact.FIELDS)
+            pipe.hmget(self.keys.shard(shard).job(job_id), Field.MESSAGE, Field.TEMPLATE, Field.TAG, Field.DUE,
+                       *compact.FIELDS)
         out: list[str | None] = []
         for (shard, job_id), got in zip(jobs, pipe.execute(), strict=True):
             msg, tid, tag = got[0], got[1], got[2]
             if msg is not None:
                 out.append(str(msg))
                 continue
-            rec = {k: str(v) for k, v in zip(compact.FIELDS, got[3:], strict=True) if v is not None}
+            rec = {k: str(v) for k, v in zip((Field.DUE, *compact.FIELDS), got[3:], strict=True) if v is not None}
             t = self.template(shard, str(tid)) if tid is not None and "b" in rec else None
             out.append(None if t is None else compact.render(t, job_id, shard, rec, str(tag or "0")))
         return out

@@ -66,6 +66,7 @@ when longer and the job has an idempotency key).
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -93,17 +94,22 @@ class NewJob:
     #: a compact job's template (its fields are then those of ``store/compact.py``)
     template: Template | None = None
 
-    def full_fields(self) -> dict[str, str]:
+    def full_fields(self, due_ms: int | None = None) -> dict[str, str]:
         """The record fields of this job as a full record: a compact job's message rendered.
 
         What a database row keeps (it must rebuild the job without the template).
+        ``due_ms``: the due time the row gives a delay (``due`` '+<ms>'), which
+        the message's ``delayed_eta`` header may be rendered from.
         """
         if self.template is None:
             return dict(self.fields)
         t = self.template
         out = {k: v for k, v in self.fields.items() if k not in COMPACT_FIELDS}
         out.update(t.fields)
-        out[Field.MESSAGE] = render(t, self.id, self.shard, self.fields, fast_uuid4())
+        if due_ms is None:  # a delay counts from this host's clock
+            due_ms = int(time.time() * 1000) + int(self.due[1:]) if self.due.startswith("+") else int(self.due)
+        rec = {**self.fields, Field.DUE: str(due_ms)}
+        out[Field.MESSAGE] = render(t, self.id, self.shard, rec, fast_uuid4())
         return out
 
 

@@ -1,8 +1,9 @@
--- Compact records (`-- @include "compact"`; celery_delayed/store/compact.py is the
--- reference): a pending job keeps only what differs per job (fields tp, a, k,
--- b, e, i, r, pa); its template ({p}:{s}:tpl:<tp>, JSON) holds the rest of the
+-- Compact records (`-- @include "compact"`, after "eta"; celery_delayed/store/compact.py
+-- is the reference): a pending job keeps only what differs per job (fields tp, a,
+-- k, b, e, i, r, pa); its template ({p}:{s}:tpl:<tp>, JSON) holds the rest of the
 -- message and the routing fields its jobs share. A record with a `msg` field
--- is a full one, as before.
+-- is a full one, as before. Without `e`, the delayed_eta header is the job's
+-- due time (a version 2 template: t.v == 2) or null (version 1).
 
 -- The per-job message fields of a compact record, and `tg` (set at release).
 local MSG_FIELDS = {'msg', 'a', 'k', 'b', 'e', 'i', 'r', 'pa', 'tg'}
@@ -39,14 +40,20 @@ local function route_of(base, task, q, tp)
 end
 
 -- The message of a compact record (f: a table with its fields a, k, b, e, i,
--- r, pa), with delivery tag "<id>.<tg>"; `ceta` is Celery's eta header as JSON
--- (released ahead of its due time), nil for null.
+-- r, pa and due), with delivery tag "<id>.<tg>"; `ceta` is Celery's eta header
+-- as JSON (released ahead of its due time: the due time), nil for null.
 local function render(t, id, shard, f, tg, ceta)
   local qid = f.i or ('"' .. id .. '"')
+  local eta = f.e
+  if not eta then
+    if (t.v or 1) < 2 then eta = 'null'
+    elseif ceta then eta = ceta  -- the same instant, formatted once
+    else eta = '"' .. iso_utc(tonumber(f.due)) .. '"' end
+  end
   local v = {
     id = qid, root = f.r or qid, parent = f.pa or 'null', argsrepr = f.a or '""',
     kwargsrepr = f.k or '"{}"', shard = shard, tag = string.sub(qid, 1, -2) .. '.' .. tg .. '"',
-    body = '"' .. (f.b or '') .. t.t .. '"', eta = f.e or 'null', ceta = ceta or 'null',
+    body = '"' .. (f.b or '') .. t.t .. '"', eta = eta, ceta = ceta or 'null',
   }
   local p, o = t.p, t.o
   local out = {p[1]}
@@ -60,12 +67,13 @@ end
 -- The message of record `jk` as it went out (or would go out) with tag suffix
 -- `tg`: its `msg`, or rendered from its template; nil when it has neither.
 local function message_of(base, jk, id, tg)
-  local r = redis.call('HMGET', jk, 'msg', 'tp', 'a', 'k', 'b', 'e', 'i', 'r', 'pa')
+  local r = redis.call('HMGET', jk, 'msg', 'tp', 'a', 'k', 'b', 'e', 'i', 'r', 'pa', 'due')
   if r[1] then return r[1] end
   if not (r[2] and r[5]) then return nil end
   local t = template(base, r[2])
   if not t then return nil end
-  return render(t, id, shard_no(jk), {a = r[3], k = r[4], b = r[5], e = r[6], i = r[7], r = r[8], pa = r[9]}, tg)
+  return render(t, id, shard_no(jk),
+    {a = r[3], k = r[4], b = r[5], e = r[6], i = r[7], r = r[8], pa = r[9], due = r[10]}, tg)
 end
 
 -- Drop a job's message (it started, or will never be sent): the full or the compact one.

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import base64
 import json
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -73,9 +73,10 @@ def test_release_renders_celerys_message_byte_for_byte_with_the_python_twin(redi
         # the Lua rendering is the Python twin's, byte for byte (tag included)
         assert pushed[h.id] == compact.render(t, h.id, h.shard, before[h.id], rec[Field.TAG])
         assert json.loads(pushed[h.id])["properties"]["delivery_tag"] == f"{h.id}.{rec[Field.TAG]}"
-        # ... and it is Celery's message for the same call
-        opts: dict[str, Any] = {"headers": job_headers(h.shard, store.config.key_prefix,
-                                                         json.loads(before[h.id]["e"]))}
+        # ... and it is Celery's message for the same call (a delay's eta: the due time, rendered from `due`)
+        assert "e" not in before[h.id]
+        eta = json.loads(before[h.id]["e"]) if "e" in before[h.id] else compact.iso_utc(int(before[h.id]["due"]))
+        opts: dict[str, Any] = {"headers": job_headers(h.shard, store.config.key_prefix, eta)}
         if n == len(calls) - 1:
             opts.update(root_id="the-root", parent_id="the-parent")
         ref = build_message(app, TASK, args, kwargs, h.id, opts, None, max_bytes=1 << 20)
@@ -176,3 +177,57 @@ def test_a_started_job_drops_its_message(redis_url, uid):
     raw = store.client.hgetall(store.keys.shard(0).job(h.id))
     assert not set(compact.FIELDS[1:]) & raw.keys() and "msg" not in raw and "tg" not in raw
     assert raw[Field.TASK] == TASK  # still named (the template may expire before the record)
+
+
+def test_a_delays_eta_is_rendered_from_the_due_time_and_an_explicit_one_is_kept(redis_url, uid):
+    """Version 2 templates: no ``e`` for a delay in a UTC app (the header is the due time by the Redis
+    clock, as reschedule writes it); a datetime's eta, or a delay in another timezone, is stored as given."""
+    app = make_app(redis_url, uid, delayed_shards=1)
+    store = get_store(app)
+    h = apply_later(app, TASK, (1,), when=60, strict=False)
+    raw = store.client.hgetall(store.keys.shard(0).job(h.id))
+    assert "e" not in raw and raw[Field.TEMPLATE].isdigit()  # the template id: an integer in the listpack
+    eta = json.loads(store.message(h.id, 0) or "")["headers"]["delayed_eta"]
+    assert eta == compact.iso_utc(h.due_ms) and datetime.fromisoformat(eta).timestamp() * 1000 == h.due_ms
+    at = datetime(2031, 5, 6, 7, 8, 9, 123456, tzinfo=timezone(timedelta(hours=2)))
+    g = apply_later(app, TASK, (2,), when=at, strict=False)
+    assert json.loads(store.client.hget(store.keys.shard(0).job(g.id), "e")) == at.isoformat()
+    berlin = make_app(redis_url, uid + "b", delayed_shards=1, timezone="Europe/Berlin")
+    b = apply_later(berlin, TASK, (3,), when=60, strict=False)
+    bstore = get_store(berlin)
+    assert json.loads(bstore.client.hget(bstore.keys.shard(0).job(b.id), "e")).endswith(("+01:00", "+02:00"))
+    # the Lua rendering at release agrees with the Python twin, early (Celery's eta) or not
+    before = store.client.hgetall(store.keys.shard(0).job(h.id))
+    assert store.release_due(0, lookahead_ms=120_000).ids == [h.id]  # (g is due in 2031)
+    pushed = _pushed(store, app.conf.task_default_queue)
+    tag = store.client.hget(store.keys.shard(0).job(h.id), Field.TAG)
+    t = store.template(0, before[Field.TEMPLATE])
+    assert t is not None and t.version == 2
+    assert pushed[h.id] == compact.render(t, h.id, 0, before, tag, '"' + compact.iso_utc(h.due_ms) + '"')
+    assert json.loads(pushed[h.id])["headers"]["delayed_eta"] == json.loads(pushed[h.id])["headers"]["eta"] == eta
+
+
+def test_a_version_1_record_without_an_eta_keeps_a_null_header(redis_url, uid):
+    """Records written before version 2 (no ``e``: a null delayed_eta) are rendered as they were."""
+    app = make_app(redis_url, uid, delayed_shards=1)
+    store = get_store(app)
+    h = apply_later(app, TASK, (1,), when=0, strict=False)
+    sk = store.keys.shard(0)
+    raw = store.client.hgetall(sk.job(h.id))
+    t = store.template(0, raw[Field.TEMPLATE])
+    assert t is not None
+    old = compact.Template(t.parts, t.order, t.tail64, t.route, version=1)
+    assert '"v":1' in old.text and old.tid != t.tid
+    store.client.set(sk.template(old.tid), old.text)
+    store.client.hset(sk.job(h.id), Field.TEMPLATE, old.tid)
+    assert json.loads(store.message(h.id, 0) or "")["headers"]["delayed_eta"] is None
+    assert store.release_due(0).ids == [h.id]
+    pushed = _pushed(store, app.conf.task_default_queue)[h.id]
+    assert json.loads(pushed)["headers"]["delayed_eta"] is None
+
+
+def test_iso_utc_is_the_lua_twin():
+    for ms in (0, 951_782_400_000, 1_709_251_199_999, 4_102_444_800_000, 253_402_300_799_999, -86_400_001):
+        got = compact.iso_utc(ms)
+        assert datetime.fromisoformat(got) == datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(milliseconds=ms)
+        assert got.endswith("000+00:00")
