@@ -160,9 +160,11 @@ def _idle_cost(ctx: Ctx, client: Any, scheduler: Any, n: int) -> None:
     cpu1, t1 = scheduler.cpu_s(), time.monotonic()
     ours = {"cmdstat_config|resetstat", "cmdstat_info"}
     counted = {k: int(v["calls"]) for k, v in stats.items() if k not in ours}
+    # Each command the scheduler sent (a script's own commands included), most frequent first.
     ctx.add(S8, "celery-delayed scheduler", "Redis commands per second", sum(counted.values()) / (t1 - t0),
-            "cmd/s", note=f"{n:,} pending; " + ", ".join(f"{k.removeprefix('cmdstat_')} {v}"
-                                                         for k, v in counted.items()) + f" in {t1 - t0:.0f} s")
+            "cmd/s", note=f"{n:,} pending; " + ", ".join(
+                f"{k.removeprefix('cmdstat_')} {v}" for k, v in sorted(counted.items(), key=lambda kv: -kv[1]))
+            + f" in {t1 - t0:.0f} s")
     ctx.add(S8, "celery-delayed scheduler", "scheduler CPU", 100 * (cpu1 - cpu0) / (t1 - t0), "% of a core")
     ctx.done.add("idle")
 

@@ -120,3 +120,21 @@ def test_dry_run_changes_nothing(rapp: Any, rclient: Any) -> None:
     report = Reconciler(rapp, dry_run=True).run_pass(now_ms=get_store(rapp).now_ms() + 2 * AFTER_MS)
     assert report.rereleased == 1 and rclient.llen(rapp.conf.task_default_queue) == 0
     assert h.job().get("rr") is None
+
+
+def test_a_pass_over_a_fleet_with_nothing_released_reads_no_shard(redis_url: str, uid: str) -> None:
+    """An idle scheduler runs a pass every delayed_reconcile_interval_s: one EXISTS over every shard's
+    released set answers it (the scheduler's idle cost), while a released job is still found in any shard."""
+    app = make_app(redis_url, uid, delayed_shards=16)
+    store = get_store(app)
+    assert not store.any_released()
+    scanned: list[int] = []
+    real = store.release_candidates
+    store.release_candidates = lambda shard, *a, **k: scanned.append(shard) or real(shard, *a, **k)  # type: ignore
+    Reconciler(app, store).run_pass()
+    assert scanned == []
+    h = apply_later(app, TASK, when=0, strict=False)
+    store.release_due(h.shard)
+    assert store.any_released()
+    Reconciler(app, store).run_pass()
+    assert scanned == list(range(16))
