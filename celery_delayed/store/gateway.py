@@ -1311,11 +1311,6 @@ class Store:
         n, first = pipe.execute()
         return int(n), (int(str(first[0][0]).split("-")[0]) if first else None)
 
-    def lease(self, key: str, owner: str, ms: int) -> str | None:
-        """Take or keep the named lease for ``ms`` (``lease.lua``; 0 gives it up); return the fence, or None."""
-        code, fence = self._run(self.scripts.lease, [key, f"{key}:fence"], ["", owner, ms])
-        return str(fence) if int(code) == Reply.OK else None
-
 
     # -- interception --------------------------------------------------------------------
 

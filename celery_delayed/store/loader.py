@@ -106,7 +106,6 @@ class Scripts:
         self.ack_claimed = Script("ack_claimed", flags)
         self.refuse_claimed = Script("refuse_claimed", flags)
         self.rerelease = Script("rerelease", flags)
-        self.lease = Script("lease", flags)
         self.heartbeat = Script("heartbeat", flags)
         self.shard_lease = Script("shard_lease", flags)
         # worker side: the execution ledger
