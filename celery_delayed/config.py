@@ -287,11 +287,6 @@ def _check_store(values: dict[str, Any]) -> None:
             f"delayed_redis_cluster is set, but delayed_redis_url {_redact(url)!r} names Sentinels: a Redis Cluster "
             "fails over by itself; give the URL of any cluster node (redis://host:port/0), or unset "
             "delayed_redis_cluster to use the Sentinels")
-    if values.get("redis_cluster") is True and values.get("wait_replicas"):
-        raise ConfigurationError(
-            "delayed_wait_replicas is not supported with delayed_redis_cluster yet: WAIT must run on the master "
-            "that owns each job's slot, and celery-delayed sends it only on a single server or a Sentinel "
-            "master. Set delayed_wait_replicas = 0 on a cluster")
     if is_sentinel_url(url):
         sentinel_hosts(url)
         if not isinstance(opts.get("master_name"), str) or not opts["master_name"]:

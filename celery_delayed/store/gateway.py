@@ -23,7 +23,7 @@ from typing import Any
 
 import redis
 from celery import Celery
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import AskError, ClusterDownError, NoScriptError, ResponseError, TryAgainError
 
 from ..config import DelayedConfig, broker_url, get_config, is_sentinel_url
 from ..errors import (
@@ -214,10 +214,6 @@ class Store:
         """Refuse what cannot work on the Redis Cluster that ``"auto"`` found (as ``True`` refuses it at start)."""
         where = (f"the store's Redis at {redact(self.url)} is a node of a Redis Cluster (found by "
                  "delayed_redis_cluster \"auto\")")
-        if self.config.wait_replicas:
-            raise ConfigurationError(
-                f"{where}, and delayed_wait_replicas is not supported on a cluster yet: WAIT must run on the "
-                "master that owns each job's slot. Set delayed_wait_replicas = 0")
         if not self.url.startswith(("redis://", "rediss://")):
             raise ConfigurationError(f"{where}: name one of its nodes as redis://host:port (or rediss://)")
         if self.broker.direct:
@@ -272,6 +268,8 @@ class Store:
         replicas = self.config.wait_replicas if wait else 0
         if len(calls) == 1 and not replicas:
             return [self._run(script, *calls[0])]
+        if replicas and self.cluster:
+            return self._run_waited_on_cluster(script, calls, wait)
         results: list[Any] = [None] * len(calls)
         todo = list(range(len(calls)))
         waits: list[Any] = []  # the WAIT reply of each attempt that wrote something
@@ -316,6 +314,66 @@ class Store:
                     raise refused
                 time.sleep(min(delay, deadline - now))
                 delay = min(delay * 2, 0.5)
+            todo = retry
+
+    def _run_waited_on_cluster(
+        self, script: Script, calls: Sequence[tuple[Sequence[str], Sequence[Arg]]], what: str,
+    ) -> list[Any]:
+        """:meth:`_run_many` with ``WAIT`` on a Redis Cluster: per master, its calls then ``WAIT`` on one connection.
+
+        ``WAIT`` counts the replicas that have every write made before it *on
+        that connection*, so each master's calls go down one connection of
+        that master's own client (in one round trip), followed by ``WAIT``.
+        A call the cluster refused as not run (MOVED or ASK after a failover
+        or a slot migration, TRYAGAIN) is sent again once the slot map is
+        read again, for up to the migration patience.
+        """
+        cluster: Any = self.client
+        results: list[Any] = [None] * len(calls)
+        todo = list(range(len(calls)))
+        deadline, delay = 0.0, 0.05
+        while True:
+            by_node: dict[str, list[int]] = defaultdict(list)
+            nodes: dict[str, Any] = {}
+            for i in todo:
+                node = cluster.get_node_from_key(calls[i][0][0])
+                by_node[node.name].append(i)
+                nodes[node.name] = node
+            retry: list[int] = []
+            for name, idx in by_node.items():
+                conn = cluster.get_redis_connection(nodes[name])
+                pending = idx
+                for attempt in range(3):
+                    pipe = conn.pipeline(transaction=False)
+                    for i in pending:
+                        script.queue(pipe, *calls[i])
+                    pipe.execute_command("WAIT", self.config.wait_replicas, self.config.wait_replicas_timeout_ms)
+                    replies = pipe.execute(raise_on_error=False)
+                    waited = replies.pop()
+                    missing = [i for i, r in zip(pending, replies, strict=True) if isinstance(r, NoScriptError)]
+                    wrote = False
+                    for i, reply in zip(pending, replies, strict=True):
+                        if not isinstance(reply, NoScriptError):
+                            wrote |= _record(results, i, reply, retry)
+                    if wrote:
+                        self._check_replicas(waited, what)
+                    if not missing:
+                        break
+                    if attempt == 2:
+                        raise RuntimeError(f"script {script.name} could not be loaded")
+                    script.ensure_loaded(conn)  # a master that never ran it
+                    pending = missing
+            if not retry:
+                return results
+            now = time.monotonic()
+            deadline = deadline or now + (MIGRATION_PATIENCE_FAST_S if self._fail_fast else MIGRATION_PATIENCE_S)
+            if now >= deadline:
+                raise StoreUnavailable(f"{what}: the cluster kept redirecting the call (a failover or a slot "
+                                       "migration in progress); nothing was written. Call again")
+            time.sleep(min(delay, deadline - now))
+            delay = min(delay * 2, 0.5)
+            with contextlib.suppress(Exception):  # read the slot map again (who owns each slot now)
+                cluster.nodes_manager.initialize()
             todo = retry
 
     def _check_replicas(self, acked: Any, what: str) -> None:
@@ -1444,6 +1502,17 @@ class Store:
                 if len(ids) < batch:
                     break
         return out
+
+
+def _record(results: list[Any], i: int, reply: Any, retry: list[int]) -> bool:
+    """Keep call ``i``'s reply; a redirect or TRYAGAIN (the call did not run) goes to ``retry``. True: it ran."""
+    if isinstance(reply, (AskError, TryAgainError, ClusterDownError)):  # MOVED is an AskError too
+        retry.append(i)
+        return False
+    if isinstance(reply, Exception):
+        raise reply
+    results[i] = reply
+    return True
 
 
 def _need_match(task: str | None, queue: str | None) -> None:

@@ -137,8 +137,6 @@ def test_what_cannot_work_on_the_cluster_found_is_refused_at_first_use(redis_url
     db2 = cluster_url.removesuffix("/0") + "/2"
     with pytest.raises(ConfigurationError, match="database 0 only"):
         get_store(make_app(redis_url, uid, delayed_redis_url=db2)).now_ms()
-    with pytest.raises(ConfigurationError, match="delayed_wait_replicas"):
-        get_store(make_app(redis_url, uid, delayed_redis_url=cluster_url, delayed_wait_replicas=1)).now_ms()
     with pytest.raises(ConfigurationError, match="delayed_release_mode is 'direct'"):
         get_store(make_app(redis_url, uid, delayed_redis_url=cluster_url, delayed_release_mode="direct")).now_ms()
     # The broker on the cluster node too (the store defaults to it): kombu cannot use a cluster.
