@@ -50,15 +50,17 @@ class ServerHealth:
         return {str(n): {**mem[n], **per.get(n, {})} for n in mem}
 
     def replicas(self) -> int:
-        """How many replicas of the store's server are online (``INFO replication``)."""
-        info = self.store.client.info("replication")
-        return sum(1 for k, v in info.items()
-                   if k.startswith("slave") and isinstance(v, dict) and v.get("state") == "online")
+        """Replicas of the store's server online (``INFO replication``; on a cluster, the fewest of any master)."""
+        if self.store.cluster:
+            cluster: Any = self.store.client
+            return min((_online(cluster.get_redis_connection(node).info("replication"))
+                        for node in cluster.get_primaries()), default=0)
+        return _online(self.store.client.info("replication"))
 
     def replication(self) -> dict[str, Any]:
         """Where the store is: ``sentinel`` (the master name, or None), ``master`` ("host:port" for a
         Sentinel store: the one the Sentinels name now), ``replicas`` online, ``wait_replicas``."""
-        pool = self.store.client.connection_pool
+        pool = getattr(self.store.client, "connection_pool", None)  # (a cluster client has none)
         name = self.store.config.redis_options.get("master_name") if hasattr(pool, "get_master_address") else None
         master = None
         if name is not None:
@@ -121,3 +123,9 @@ def _worst(per: dict[str, dict[str, Any]]) -> dict[str, Any]:
         out["maxmemory_policy"] = evicting[0]
     out["aof_enabled"] = min(int(i.get("aof_enabled", 0)) for i in infos)
     return out
+
+
+def _online(info: dict[str, Any]) -> int:
+    """Online replicas in an ``INFO replication`` reply."""
+    return sum(1 for k, v in info.items()
+               if k.startswith("slave") and isinstance(v, dict) and v.get("state") == "online")

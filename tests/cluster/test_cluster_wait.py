@@ -144,3 +144,13 @@ def test_a_master_killed_while_producers_wait_for_replicas_loses_no_acknowledged
     if wait:
         assert not lost
     cclient.close()
+
+
+@pytest.mark.timeout(60)
+def test_doctor_and_status_count_the_replicas_of_each_master(redis_url, uid, replicated):
+    from celery_delayed.store.health import ServerHealth
+
+    app = make_app(redis_url, uid, delayed_redis_url=replicated.url, delayed_wait_replicas=1)
+    health = ServerHealth(get_store(app))
+    wait_for(lambda: health.replicas() == 1, 20, what="every master's replica online")
+    assert "1 replica(s) online; writes wait for 1" in health.replication_line()
