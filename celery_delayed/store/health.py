@@ -60,11 +60,11 @@ class ServerHealth:
     def replication(self) -> dict[str, Any]:
         """Where the store is: ``sentinel`` (the master name, or None), ``master`` ("host:port" for a
         Sentinel store: the one the Sentinels name now), ``replicas`` online, ``wait_replicas``."""
-        pool = getattr(self.store.client, "connection_pool", None)  # (a cluster client has none)
+        pool: Any = getattr(self.store.client, "connection_pool", None)  # (a cluster client has none)
         name = self.store.config.redis_options.get("master_name") if hasattr(pool, "get_master_address") else None
         master = None
         if name is not None:
-            host, port = pool.get_master_address()  # type: ignore[attr-defined]
+            host, port = pool.get_master_address()
             master = f"{host}:{port}"
         return {"sentinel": name, "master": master, "replicas": self.replicas(),
                 "wait_replicas": self.store.config.wait_replicas}
