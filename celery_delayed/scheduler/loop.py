@@ -221,7 +221,7 @@ class Scheduler:
         wanted = share(members, self.owner, self.store.span)
         if verify or self._verify or time.monotonic() >= self._verify_at:
             self._verify = True  # until the check went through
-            take, give = wanted, set(range(self.store.span)) - wanted
+            take, give = wanted, (set(range(self.store.span)) | set(before)) - wanted
         else:
             take, give = wanted - set(before), set(before) - wanted
         self.members = members

@@ -100,7 +100,7 @@ def test_redis_cluster_is_auto_by_default_and_takes_true_false_or_auto():
         DelayedConfig.from_app(app)
 
 
-def test_auto_accepts_a_sentinel_url_and_wait_replicas_which_true_refuses():
+def test_auto_accepts_a_sentinel_url_which_true_refuses_and_a_cluster_takes_wait_replicas():
     app = Celery("c", broker="amqp://", set_as_current=False)
     app.conf.update(delayed_redis_url="sentinel://h:26379", delayed_redis_options={"master_name": "m"},
                     delayed_wait_replicas=1)
@@ -108,6 +108,5 @@ def test_auto_accepts_a_sentinel_url_and_wait_replicas_which_true_refuses():
     app.conf.update(delayed_redis_cluster=True)
     with pytest.raises(ConfigurationError, match="names Sentinels"):
         DelayedConfig.from_app(app)
-    app.conf.update(delayed_redis_url="redis://h:7000/0")
-    with pytest.raises(ConfigurationError, match="delayed_wait_replicas is not supported"):
-        DelayedConfig.from_app(app)
+    app.conf.update(delayed_redis_url="redis://h:7000/0", delayed_redis_options={})
+    assert DelayedConfig.from_app(app).wait_replicas == 1  # WAIT per master (tests/cluster/test_cluster_wait.py)
