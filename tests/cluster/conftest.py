@@ -31,3 +31,12 @@ def cclient(cluster_url: str) -> Iterator[RedisCluster]:
     client = RedisCluster.from_url(cluster_url, decode_responses=True)
     yield client
     client.close()
+
+
+@pytest.fixture
+def replicated() -> Iterator[RedisClusterServers]:
+    """Three masters with a replica each (``cluster-node-timeout`` 1 s), for one failover test."""
+    need("redis-server and redis-cli (Redis Cluster)",
+         shutil.which("redis-server") is not None and shutil.which("redis-cli") is not None)
+    with RedisClusterServers(masters=3, replicas=1, node_timeout_ms=1000) as cluster:
+        yield cluster

@@ -12,27 +12,17 @@ scheduled seconds before the kill, so none may be lost.
 from __future__ import annotations
 
 import collections
-import shutil
 import subprocess
 import time
-from collections.abc import Iterator
 
 import pytest
 from redis.cluster import RedisCluster
-from support import SchedulerProcess, WorkerProcess, make_app, need, wait_for
+from support import SchedulerProcess, WorkerProcess, make_app, wait_for
 
 from celery_delayed import apply_later_many, get_store
 from celery_delayed.testing import RedisClusterServers
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture
-def replicated() -> Iterator[RedisClusterServers]:
-    need("redis-server and redis-cli (Redis Cluster)",
-         shutil.which("redis-server") is not None and shutil.which("redis-cli") is not None)
-    with RedisClusterServers(masters=3, replicas=1, node_timeout_ms=1000) as cluster:
-        yield cluster
 
 
 def runs(client: RedisCluster, prefix: str) -> collections.Counter[str]:

@@ -9,29 +9,18 @@ schedule with ``delayed_wait_replicas = 1`` loses no acknowledged job.
 from __future__ import annotations
 
 import collections
-import shutil
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 import redis
 from redis.cluster import RedisCluster
-from support import SchedulerProcess, WorkerProcess, make_app, need, wait_for
+from support import SchedulerProcess, WorkerProcess, make_app, wait_for
 
 from celery_delayed import apply_later, apply_later_many, cancel, get_store, reschedule
 from celery_delayed.errors import DelayedError, ReplicationTimeout
-from celery_delayed.testing import RedisClusterServers
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture
-def replicated() -> Iterator[RedisClusterServers]:
-    need("redis-server and redis-cli (Redis Cluster)",
-         shutil.which("redis-server") is not None and shutil.which("redis-cli") is not None)
-    with RedisClusterServers(masters=3, replicas=1, node_timeout_ms=1000) as cluster:
-        yield cluster
 
 
 def replica_of(cclient: RedisCluster, key: str) -> redis.Redis:
