@@ -211,8 +211,10 @@ def test_the_cli_reshards_and_status_says_so(redis_url, uid):
     assert st.returncode == 0, st.stderr
     assert len(json.loads(st.stdout)["shards"]) == 24
     assert sum(r["pending"] for r in json.loads(st.stdout)["shards"]) == len(ids)
-    refused = run_celery(redis_url, prefix, queue, "delayed", "status")  # started with 16: the rows read 24
-    assert refused.returncode == 0
+    stale = run_celery(redis_url, prefix, queue, "delayed", "status", "--json")  # configured with 16: reads 24
+    assert stale.returncode == 0, stale.stderr
+    assert len(json.loads(stale.stdout)["shards"]) == 24
+    assert json.loads(stale.stdout)["resharding_from"] is None
 
 
 def test_a_debounce_key_called_during_the_reshard_still_replaces_its_job(redis_url, uid, rclient):
