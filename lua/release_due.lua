@@ -80,6 +80,10 @@ local out = {OK, 0, 0, -1, now}
 local released, skipped, dead = 0, 0, 0
 local not_sent, sent_ids, unsent_by_state = {}, {}, {}
 local batches, lists = {}, {}
+local rel = {}  -- released jobs not yet in the released index: due, id, ...
+local function flush_released()
+  if #rel > 0 then redis.call('ZADD', KEYS[6], unpack(rel)); rel = {} end
+end
 -- Push what is batched (before any other push, so queue order stays due order).
 local function flush()
   for _, lk in ipairs(lists) do
@@ -119,12 +123,13 @@ for _, id in ipairs(ids) do
     unsent, why = 'DEAD', LOST_TEMPLATE
   elseif sendable then
     unsent, why = unsendable(now, due, exp, ml, mf)
-    local early = tonumber(due) > now
+    local due_n = tonumber(due)
+    local early = due_n > now
     if t then
-      local f = {b = r[12], a = r[13], k = r[14], e = r[15], i = r[16], r = r[17], pa = r[18], due = due}
-      msg = render(t, id, shard, f, tg, early and ('"' .. iso_utc(tonumber(due)) .. '"') or nil)
+      msg = render_job(t, id, shard, r[13], r[14], r[12], r[15], r[16], r[17], r[18], due, tg,
+        early and ('"' .. iso_utc(due_n) .. '"') or nil)
     elseif early then
-      msg = early_eta(msg, tonumber(due))
+      msg = early_eta(msg, due_n)
     end
   end
   if unsent then
@@ -158,7 +163,9 @@ for _, id in ipairs(ids) do
       redis.call('HSET', jk, 'st', 'QUEUED', 'released', now)
     end
     redis.call('PEXPIRE', jk, ttl)
-    released_add(KEYS[6], id, due or redis.call('HGET', jk, 'due'))
+    -- the released index, one ZADD per 256 jobs (see flush_released)
+    rel[#rel + 1] = due or redis.call('HGET', jk, 'due'); rel[#rel + 1] = id
+    if #rel >= 512 then flush_released() end
     sent_ids[#sent_ids + 1] = id
     released = released + 1
     late_add(late, math.max(0, now - tonumber(due)))  -- released early: not late
@@ -169,6 +176,7 @@ for _, id in ipairs(ids) do
   end
 end
 flush()
+flush_released()
 ix_flush(base, gone, 'rem')
 local expired, misfired = 0, 0
 for i = 2, #not_sent, 3 do

@@ -39,29 +39,43 @@ local function route_of(base, task, q, tp)
   return task, q
 end
 
--- The message of a compact record (f: a table with its fields a, k, b, e, i,
--- r, pa and due), with delivery tag "<id>.<tg>"; `ceta` is Celery's eta header
--- as JSON (released ahead of its due time: the due time), nil for null.
-local function render(t, id, shard, f, tg, ceta)
-  local qid = f.i or ('"' .. id .. '"')
-  local eta = f.e
+-- The placeholders a template's `o` names, in the order render_job passes their values.
+local SLOT = {id = 1, root = 2, parent = 3, argsrepr = 4, kwargsrepr = 5, shard = 6, tag = 7, body = 8,
+  eta = 9, ceta = 10}
+
+-- The message of a compact job (its fields a, k, b, e, i, r, pa and due),
+-- with delivery tag "<id>.<tg>"; `ceta` is Celery's eta header as JSON
+-- (released ahead of its due time: the due time), nil for null. Per job it
+-- builds two array tables and one string: a release renders hundreds per call.
+local function render_job(t, id, shard, a, k, b, e, i, r, pa, due, tg, ceta)
+  local qid = i or ('"' .. id .. '"')
+  local eta = e
   if not eta then
     if (t.v or 1) < 2 then eta = 'null'
     elseif ceta then eta = ceta  -- the same instant, formatted once
-    else eta = '"' .. iso_utc(tonumber(f.due)) .. '"' end
+    else eta = '"' .. iso_utc(tonumber(due)) .. '"' end
   end
-  local v = {
-    id = qid, root = f.r or qid, parent = f.pa or 'null', argsrepr = f.a or '""',
-    kwargsrepr = f.k or '"{}"', shard = shard, tag = string.sub(qid, 1, -2) .. '.' .. tg .. '"',
-    body = '"' .. (f.b or '') .. t.t .. '"', eta = eta, ceta = ceta or 'null',
-  }
-  local p, o = t.p, t.o
-  local out = {p[1]}
-  for j = 1, #o do
-    out[#out + 1] = v[o[j]]
-    out[#out + 1] = p[j + 1]
+  local oi = t.oi
+  if not oi then  -- the template's placeholders as slots, once per template and call
+    oi = {}
+    for j, name in ipairs(t.o) do oi[j] = SLOT[name] end
+    t.oi = oi
+  end
+  local v = {qid, r or qid, pa or 'null', a or '""', k or '"{}"', shard,
+    string.sub(qid, 1, -2) .. '.' .. tg .. '"', '"' .. (b or '') .. t.t .. '"', eta, ceta or 'null'}
+  local p = t.p
+  local out, m = {p[1]}, 1
+  for j = 1, #oi do
+    out[m + 1] = v[oi[j]]
+    out[m + 2] = p[j + 1]
+    m = m + 2
   end
   return table.concat(out)
+end
+
+-- render_job with the job's fields in a table f (a, k, b, e, i, r, pa, due).
+local function render(t, id, shard, f, tg, ceta)
+  return render_job(t, id, shard, f.a, f.k, f.b, f.e, f.i, f.r, f.pa, f.due, tg, ceta)
 end
 
 -- The message of record `jk` as it went out (or would go out) with tag suffix

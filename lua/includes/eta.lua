@@ -7,7 +7,11 @@
 -- without it is left as it is.
 
 -- Epoch ms as ISO 8601 in UTC, as Python's isoformat() writes it with microseconds.
+-- Remembered for the rest of the call: a release formats many jobs due at one instant.
+local iso_memo = {}
 local function iso_utc(ms)
+  local memo = iso_memo[ms]
+  if memo then return memo end
   local s = math.floor(ms / 1000)
   local days = math.floor(s / 86400)
   local secs = s - days * 86400
@@ -21,8 +25,10 @@ local function iso_utc(ms)
   local d = doy - math.floor((153 * mp + 2) / 5) + 1
   local m = mp < 10 and mp + 3 or mp - 9
   local y = yoe + era * 400 + (m <= 2 and 1 or 0)
-  return string.format('%04d-%02d-%02dT%02d:%02d:%02d.%03d000+00:00', y, m, d,
+  memo = string.format('%04d-%02d-%02dT%02d:%02d:%02d.%03d000+00:00', y, m, d,
     math.floor(secs / 3600), math.floor(secs % 3600 / 60), secs % 60, ms - s * 1000)
+  iso_memo[ms] = memo
+  return memo
 end
 
 -- `msg` with its delayed_eta header set to `due_ms`.
