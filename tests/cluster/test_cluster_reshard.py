@@ -46,7 +46,20 @@ def test_reshard_16_to_40_on_a_cluster_runs_every_job_once(redis_url, cluster_ur
     def count() -> collections.Counter[str]:
         return collections.Counter(str(x).split("|")[0] for x in cclient.lrange(f"{prefix}:ran", 0, -1))
 
-    wait_for(lambda: len(count()) >= len(everything), 90, interval=0.2, what=f"{len(everything)} runs")
+    try:
+        wait_for(lambda: len(count()) >= len(everything), 90, interval=0.2, what=f"{len(everything)} runs")
+    except AssertionError:  # say which jobs did not run, and where their records are
+        missing = sorted(set(everything) - set(count()))
+        store = get_store(capp(redis_url, cluster_url, uid, delayed_shards=40))
+        states = collections.Counter()
+        for job_id in missing:
+            try:
+                rec = store.get(job_id)
+                states[(rec.get("st"), rec.get("shard"))] += 1
+            except Exception as exc:  # a diagnosis: report whatever is wrong
+                states[(type(exc).__name__, None)] += 1
+        raise AssertionError(f"{len(missing)} of {len(everything)} jobs did not run: (state, shard) counts "
+                             f"{dict(states.most_common(10))}; first {missing[:3]}") from None
     runs = count()
     assert set(everything) <= set(runs), f"{len(set(everything) - set(runs))} lost"
     assert max(runs[j] for j in everything) == 1, "a job ran twice"

@@ -27,11 +27,13 @@ SLACK_MS = 1500
 def test_sigkill_schedulers_while_jobs_come_due() -> None:
     conf = {"delayed_lease_ms": LEASE_MS}
     with FaultRun(seed=SEED, conf=conf) as run:
+        # The worker and the schedulers start first: on a slow machine the worker's start-up
+        # would otherwise eat into the seconds in which jobs come due (and schedulers are killed).
+        scheds = [run.scheduler() for _ in range(4)]
+        run.wait_ready(run.worker(concurrency=8, extra=["--prefetch-multiplier", "50"]))
         t = time.monotonic()
         ids = run.schedule(JOBS, start_s=3.0, spread_s=SPREAD_S)
         schedule_s = time.monotonic() - t
-        scheds = [run.scheduler() for _ in range(4)]
-        run.wait_ready(run.worker(concurrency=8, extra=["--prefetch-multiplier", "50"]))
         kills = 0
         store = run.store()
         killed_ms: list[int] = []  # Redis clock
