@@ -78,3 +78,30 @@ def test_stop_is_prompt_and_leaves_the_membership(redis_url, uid, rclient):
     assert not thread.is_alive()
     assert took < 1.5, f"stop took {took:.2f}s"
     assert rclient.zcard(f"{app.conf.delayed_key_prefix}:schedulers") == 0
+
+
+@pytest.mark.timeout(30)
+def test_a_shard_is_visited_at_half_the_lookahead_and_releases_the_whole_window(redis_url, uid):
+    # delayed_lookahead_ms 2000: a shard is visited when its earliest job is 1 s from due, and
+    # that visit releases every job due within 2 s; each job goes 1-2 s before it is due.
+    app = make_app(redis_url, uid, delayed_shards=1, delayed_lookahead_ms=2000)
+    store = get_store(app)
+    a = apply_later(app, "e2e.mark", when=1.5, strict=False)
+    b = apply_later(app, "e2e.mark", when=3.2, strict=False)
+    c = apply_later(app, "e2e.mark", when=3.9, strict=False)  # within the window of b's visit
+    sched = Scheduler(app)
+    try:
+        sched._heartbeat()
+        assert sched.release_due() == 1  # a (1.5 s ahead); b is 3.2 s away
+        # asleep until b is 1 s from due (2.2 s), not until it enters the window (1.2 s)
+        assert 1.6 < sched._sleep_s() < 2.4, sched._sleep_s()
+        assert sched.release_due() == 0
+        time.sleep(sched._sleep_s())
+        assert sched.release_due() == 2  # b and c in one visit
+        for h in (a, b, c):
+            rec = store.get(h.id)
+            ahead = int(rec["due"]) - int(rec["released"])
+            assert 900 <= ahead <= 2000, (h.id, ahead)
+    finally:
+        sched.store.heartbeat(sched.owner, leave=True)
+        sched.mover.close()
