@@ -23,7 +23,9 @@ Importing ``celery_delayed`` changes nothing. Two explicit seams:
   (:mod:`celery_delayed.worker.kombu_fixes`), restores held messages a lost
   broker connection could not (:mod:`celery_delayed.worker.held_restore`) and
   fires held ETA messages without kombu's one-second pause after ten
-  (:mod:`celery_delayed.worker.timer_fix`).
+  (:mod:`celery_delayed.worker.timer_fix`), and frees a held ETA message's
+  request when its task is done rather than at the next full garbage
+  collection (:mod:`celery_delayed.worker.eta_cycle`).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from celery import Celery, signals
 from celery._state import connect_on_app_finalize
 
 from .cancellation import install_revoke
-from .worker import bootstep, control, eta, held_restore, intercept, kombu_fixes, timer_fix, tracking
+from .worker import bootstep, control, eta, eta_cycle, held_restore, intercept, kombu_fixes, timer_fix, tracking
 
 _ATTR = "_celery_delayed_installed"
 _registered = False
@@ -69,4 +71,5 @@ def register_with_celery() -> None:
     signals.worker_init.connect(tracking.on_worker_init, weak=False)
     signals.worker_init.connect(held_restore.on_worker_init, weak=False)
     signals.worker_init.connect(timer_fix.on_worker_init, weak=False)
+    signals.worker_init.connect(eta_cycle.on_worker_init, weak=False)
     signals.celeryd_after_setup.connect(kombu_fixes.on_worker_setup, weak=False)

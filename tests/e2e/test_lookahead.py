@@ -97,3 +97,33 @@ def test_a_burst_held_by_a_solo_worker_starts_promptly(redis_url, uid, rclient, 
     last = max(runs[h.id] for h in jobs) - due_s
     # Unpatched: ~10 per second, the last one ~30 s late. Patched: the solo pool's own pace.
     assert last < 8.0, f"the last of {n} started {last:.1f} s after the due time"
+
+
+@pytest.mark.timeout(90)
+def test_a_held_eta_request_is_freed_when_its_task_is_done(redis_url, uid, rclient, workers):
+    """Celery 5.7 keeps each ETA request's timer entry on the request, and the entry holds the request:
+    without worker/eta_cycle.py every held message (Celery's own ETA tasks and jobs released ahead of
+    their due time alike) stays in memory until a full garbage collection, whose pause delays every
+    timer due meanwhile (55-76 ms with 3,000 held, bench scenario 16). With it, reference counting
+    frees each one when its task is done: checked with the cycle collector off in a solo worker."""
+    app = make_app(redis_url, uid)
+    prefix, queue = app.conf.delayed_key_prefix, app.conf.task_default_queue
+    conf = {"delayed_lookahead_ms": 3000, "e2e_gc_disabled": True}
+    w = WorkerProcess(redis_url, prefix, queue, concurrency=1, pool="solo", conf=conf)
+    s = SchedulerProcess(redis_url, prefix, queue, conf=conf)
+    workers += [w, s]
+    wait_for(lambda: "ready." in w.output(), 30, what="the worker")
+    wait_for(lambda: rclient.zcard(f"{prefix}:schedulers") > 0, 30, what="the scheduler to join")
+    plain = app.signature("e2e.plain")
+    celery_eta = [plain.apply_async(args=(i,), countdown=1.5).id for i in range(20)]  # Celery's own ETA path
+    released = [h.id for h in apply_later_many(app, "e2e.mark", [{"args": (i,), "when": 2.0} for i in range(20)],
+                                               strict=False)]  # released ahead, held with their eta
+    ids = celery_eta + released
+    wait_for(lambda: set(_runs(rclient, prefix)) >= set(ids), 30, what="the held tasks to run")
+    # kombu's timer keeps the entry it fired last (a local of its generator) until the next one fires
+    after = plain.apply_async(args=(-1,), countdown=0.5).id
+    wait_for(lambda: after in _runs(rclient, prefix), 30, what="a task after them")
+    app.signature("e2e.live_requests").apply_async(args=(ids,))
+    wait_for(lambda: rclient.llen(f"{prefix}:live") > 0, 30, what="the count of live requests")
+    alive = int(rclient.lindex(f"{prefix}:live", 0))
+    assert alive == 0, f"{alive} of {len(ids)} finished ETA requests are still in the worker's memory"

@@ -74,3 +74,30 @@ def plain(self: object, *args: object, **kwargs: object) -> str:
     request = self.request  # type: ignore[attr-defined]
     record(request.id, request.retries or 0)
     return str(request.id)
+
+
+@app.task(bind=True, name="e2e.live_requests")
+def live_requests(self: object, ids: list[str]) -> int:
+    """How many worker requests of ``ids`` are still alive in this process (run it on ``-P solo``:
+    the worker's main process); RPUSH <prefix>:live "<count>"."""
+    import gc
+
+    wanted = set(ids)
+    alive = sum(1 for o in gc.get_objects()
+                if type(o).__name__ == "Request" and getattr(o, "id", None) in wanted)
+    redis.Redis.from_url(STORE).rpush(f"{PREFIX}:live", alive)
+    return alive
+
+
+def _gc_off(**_: object) -> None:
+    """With ``e2e_gc_disabled``: no automatic cycle collection in the worker (what reference counting
+    alone frees is then all that is freed)."""
+    if app.conf.get("e2e_gc_disabled"):
+        import gc
+
+        gc.disable()
+
+
+from celery.signals import worker_ready  # noqa: E402
+
+worker_ready.connect(_gc_off, weak=False)
