@@ -46,6 +46,10 @@ _MAX_BACKOFF_S = 5.0
 #: suggests that it lost one (a safety net: each check costs a script call per shard).
 VERIFY_LEASES = 20
 _INF = float("inf")
+#: Under look-ahead a shard is visited when its earliest job is this much less than
+#: ``delayed_lookahead_ms`` from due (half the look-ahead when that is shorter); the visit
+#: releases the whole look-ahead, so a steady stream goes in batches of about this long.
+LOOKAHEAD_SLICE_MS = 250
 #: Heartbeats between two reads of the store's layout (a reshard also tells the schedulers at once).
 LAYOUT_EVERY = 2
 
@@ -319,13 +323,16 @@ class Scheduler:
     def _lead_ms(self) -> int:
         """How long before its earliest job is due a shard is visited.
 
-        Half the look-ahead: a visit then releases everything due within the
-        whole look-ahead, so under a steady stream of due jobs a shard is
-        visited about twice per look-ahead with a batch each time, not once
-        per job (each job still goes between half the look-ahead and the
-        whole of it before it is due).
+        The look-ahead less one slice (:data:`LOOKAHEAD_SLICE_MS`, or half the
+        look-ahead when that is shorter): a visit releases everything due
+        within the whole look-ahead, so under a steady stream of due jobs a
+        shard is visited about once per slice with a batch each time, not once
+        per job, and each job still goes at least the look-ahead less a slice
+        before it is due (time for a worker to take in a burst due at one
+        instant before the instant).
         """
-        return self.config.lookahead_ms // 2
+        lookahead = self.config.lookahead_ms
+        return lookahead - min(lookahead // 2, LOOKAHEAD_SLICE_MS)
 
     def _sleep_s(self) -> float:
         with self._lock:

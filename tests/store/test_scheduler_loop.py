@@ -81,27 +81,29 @@ def test_stop_is_prompt_and_leaves_the_membership(redis_url, uid, rclient):
 
 
 @pytest.mark.timeout(30)
-def test_a_shard_is_visited_at_half_the_lookahead_and_releases_the_whole_window(redis_url, uid):
-    # delayed_lookahead_ms 2000: a shard is visited when its earliest job is 1 s from due, and
-    # that visit releases every job due within 2 s; each job goes 1-2 s before it is due.
+def test_a_shard_is_visited_a_slice_before_the_lookahead_and_releases_the_whole_window(redis_url, uid):
+    # delayed_lookahead_ms 2000: a shard is visited when its earliest job is 1.75 s from due (the
+    # look-ahead less a 250 ms slice), and that visit releases every job due within 2 s; each job
+    # scheduled further ahead goes 1.75-2 s before it is due.
     app = make_app(redis_url, uid, delayed_shards=1, delayed_lookahead_ms=2000)
     store = get_store(app)
-    a = apply_later(app, "e2e.mark", when=1.5, strict=False)
-    b = apply_later(app, "e2e.mark", when=3.2, strict=False)
-    c = apply_later(app, "e2e.mark", when=3.9, strict=False)  # within the window of b's visit
+    a = apply_later(app, "e2e.mark", when=1.0, strict=False)
+    b = apply_later(app, "e2e.mark", when=3.5, strict=False)
+    c = apply_later(app, "e2e.mark", when=3.7, strict=False)  # within the window of b's visit
     sched = Scheduler(app)
     try:
         sched._heartbeat()
-        assert sched.release_due() == 1  # a (1.5 s ahead); b is 3.2 s away
-        # asleep until b is 1 s from due (2.2 s), not until it enters the window (1.2 s)
-        assert 1.6 < sched._sleep_s() < 2.4, sched._sleep_s()
+        assert sched.release_due() == 1  # a (1 s ahead); b is 3.5 s away
+        # asleep until b is 1.75 s from due (1.75 s): not until it enters the window (1.5 s),
+        # nor until it is half the look-ahead from due (2.5 s)
+        assert 1.6 < sched._sleep_s() < 1.9, sched._sleep_s()
         assert sched.release_due() == 0
         time.sleep(sched._sleep_s())
         assert sched.release_due() == 2  # b and c in one visit
-        for h in (a, b, c):
+        for h, least in ((a, 900), (b, 1650), (c, 1650)):
             rec = store.get(h.id)
             ahead = int(rec["due"]) - int(rec["released"])
-            assert 900 <= ahead <= 2000, (h.id, ahead)
+            assert least <= ahead <= 2000, (h.id, ahead)
     finally:
         sched.store.heartbeat(sched.owner, leave=True)
         sched.mover.close()
