@@ -63,13 +63,6 @@ def install() -> bool:
     return wrapped
 
 
-def installed() -> bool:
-    """Whether this process's consumer drops a fired ETA entry from its request."""
-    from celery.worker.consumer.consumer import Consumer
-
-    return bool(getattr(vars(Consumer).get("apply_eta_task"), _MARK, False))
-
-
 def on_worker_init(**_: Any) -> None:
     """``worker_init`` receiver: wrap the consumer before its task strategies bind the methods."""
     install()
