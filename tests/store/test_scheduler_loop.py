@@ -100,7 +100,9 @@ def test_a_shard_is_visited_a_slice_before_the_lookahead_and_releases_the_whole_
         assert sched.release_due() == 0
         time.sleep(sched._sleep_s())
         assert sched.release_due() == 2  # b and c in one visit
-        for h, least in ((a, 900), (b, 1650), (c, 1650)):
+        # b and c went at least 1.75 s ahead, less what the sleep above may overshoot on a
+        # loaded machine (the timing itself is asserted on _sleep_s above)
+        for h, least in ((a, 900), (b, 1500), (c, 1500)):
             rec = store.get(h.id)
             ahead = int(rec["due"]) - int(rec["released"])
             assert least <= ahead <= 2000, (h.id, ahead)
