@@ -36,6 +36,9 @@ def test_reshard_16_to_40_on_a_cluster_runs_every_job_once(redis_url, cluster_ur
     w = WorkerProcess(redis_url, prefix, queue, store=cluster_url, conf=conf, concurrency=4, pool="threads")
     workers.extend([w, SchedulerProcess(redis_url, prefix, queue, store=cluster_url, conf=conf)])
     w.wait_ready()
+    # The scheduler must be running when the reshard starts (a scheduler started afterwards with
+    # delayed_shards=16 refuses the store's 40, by design); the reshard itself takes well under a second.
+    wait_for(lambda: cclient.zcard(f"{prefix}:schedulers") > 0, 30, what="the scheduler to join")
 
     report = Resharder(get_store(app)).run(40, wait_s=60)
     assert report.finished, report

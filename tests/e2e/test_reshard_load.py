@@ -35,6 +35,8 @@ def test_reshard_16_to_64_under_load_loses_and_doubles_nothing(redis_url, uid, w
     scheds = [SchedulerProcess(redis_url, prefix, queue, conf=CONF) for _ in range(2)]
     workers.extend([w, *scheds])
     w.wait_ready(60)
+    # both schedulers run before the reshard (one started after it with delayed_shards=16 would refuse the store)
+    wait_for(lambda: rclient.zcard(f"{prefix}:schedulers") == 2, 30, what="two schedulers to join")
     get_store(app).check_layout()
     ids: list[str] = []
     ordered: list[str] = []  # one shard key, due 150 ms apart across the reshard: released in due order
