@@ -18,7 +18,7 @@ import json
 import sys
 import threading
 import time
-from datetime import datetime
+from datetime import datetime, timezone
 
 import redis
 
@@ -40,16 +40,16 @@ def main(argv: list[str]) -> int:
             print(sched.output()[-3000:], file=sys.stderr)
             return 1
         task = make_app(server.url, prefix, queue).tasks["bench.late_d"]
-        first_due = time.time() + 3.0 + n / 2_000  # leaves the time to schedule them all
-        for i in range(n):
-            due = first_due + span * i / n
-            task.apply_later(when=due - time.time(), kwargs={"due": due})
+        first_due = time.time() + 3.0 + n / 10_000  # the look-ahead (2 s) and the time to schedule them all
+        dues = [first_due + span * i / n for i in range(n)]
+        task.apply_later_many({"when": datetime.fromtimestamp(due, tz=timezone.utc), "kwargs": {"due": due}}
+                              for due in dues)
         aheads: list[float] = []
 
         def consume() -> None:
             c = redis.Redis.from_url(server.url)
             while len(aheads) < n and time.time() < first_due + span + 10:
-                got = c.blpop([queue], timeout=1)
+                got = c.brpop([queue], timeout=1)  # as kombu's Redis transport takes messages
                 if got is None:
                     continue
                 now = time.time()
