@@ -39,6 +39,7 @@ from redis.sentinel import MasterNotFoundError, Sentinel
 
 from ..config import is_sentinel_url, sentinel_hosts
 from ..errors import ConfigurationError, DelayedError, StoreFull, StoreUnavailable
+from .packer import direct_packer
 
 logger = logging.getLogger("celery_delayed.store")
 
@@ -288,6 +289,9 @@ def make_client(
                 f"cannot reach the celery-delayed store (Redis Cluster at {redact(url)}): {exc}; nothing was "
                 "written. Check that the cluster is up and delayed_redis_url names one of its nodes") from exc
     kwargs: dict[str, Any] = {"decode_responses": True, "health_check_interval": health_check_interval}
+    packer = None if options and "command_packer" in options else direct_packer(dict(options or {}))
+    if packer is not None:
+        kwargs["command_packer"] = packer
     if fail_fast:
         kwargs.update(socket_connect_timeout=2, socket_timeout=10,
                       retry=Retry(ExponentialBackoff(cap=0.2, base=0.05), 1))
@@ -333,9 +337,9 @@ def sentinel_client(url: str, options: dict[str, Any], kwargs: dict[str, Any]) -
     # command's own retries ask them all again (redis-py's default of 3 retries with back-off
     # per Sentinel made one failed discovery take about 25 s with three Sentinels).
     ask = {"socket_connect_timeout": 2, "socket_timeout": 5, "retry": Retry(NoBackoff(), 0)}
-    sentinels = Sentinel(  # type: ignore[no-untyped-call]
+    sentinels = Sentinel(  # type: ignore[no-untyped-call, unused-ignore]
         sentinel_hosts(url), min_other_sentinels=min_other, sentinel_kwargs={**ask, **(sentinel_kwargs or {})},
     )
-    client: redis.Redis = sentinels.master_for(  # type: ignore[no-untyped-call]
+    client: redis.Redis = sentinels.master_for(  # type: ignore[no-untyped-call, unused-ignore]
         master_name, redis_class=redis.Redis, **conn)
     return client

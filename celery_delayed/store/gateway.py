@@ -1536,7 +1536,7 @@ class WakeSubscription:
 
     def __init__(self, client: redis.Redis, channel: str) -> None:
         self._client = client
-        self._pubsub: Any = client.pubsub()  # type: ignore[no-untyped-call]
+        self._pubsub: Any = client.pubsub()  # type: ignore[no-untyped-call, unused-ignore]
         self._pubsub.subscribe(channel)
 
     def get(self, timeout: float) -> tuple[str, str] | None:
