@@ -141,12 +141,16 @@ class _Beater:
         self.lock = threading.Lock()
         self.wake = threading.Event()
         self.sleeps_until = 0.0  # when the thread wakes by itself next (monotonic)
+        # With no keeper, it sleeps one (shortest) interval, not until woken: a keeper
+        # added after that is due after it wakes, so a short task wakes no thread.
+        self.idle_s = 60.0
         self.thread = threading.Thread(target=self._run, name="celery-delayed-leases", daemon=True)
         self.thread.start()
 
     def add(self, keeper: LeaseKeeper) -> None:
         with self.lock:
             self.keepers.add(keeper)
+            self.idle_s = min(self.idle_s, keeper.interval_s)
         if keeper.next_at < self.sleeps_until:  # due before the thread wakes by itself
             self.wake.set()
 
@@ -169,7 +173,7 @@ class _Beater:
                 if not alive:
                     self.remove(k)
             with self.lock:
-                nxt = min((k.next_at for k in self.keepers), default=now + 60.0)
+                nxt = min((k.next_at for k in self.keepers), default=now + self.idle_s)
                 self.sleeps_until = nxt
             self.wake.wait(max(nxt - time.monotonic(), 0.0))
             self.sleeps_until = 0.0

@@ -11,7 +11,7 @@ from support import make_app, wait_for
 from celery_delayed import apply_later, get_store
 from celery_delayed.store import Store
 from celery_delayed.vocab import Reply
-from celery_delayed.worker.execution import Execution, LeaseKeeper
+from celery_delayed.worker.execution import Execution, LeaseKeeper, _beater
 
 
 class _FlakyStore(Store):
@@ -73,3 +73,23 @@ def test_a_running_job_keeps_its_record_past_the_release_ttl(redis_url, uid):
     assert 0 < store.client.pttl(key) <= 1000  # a released record nobody starts expires
     assert store.start(h.id, h.shard, "me", "host").code == Reply.OK
     assert store.client.pttl(key) == -1  # running: no TTL until finish sets one
+
+
+def test_short_executions_do_not_wake_the_heartbeat_thread(redis_url, uid):
+    """A keeper started and stopped within its first interval (a short task) is due after the
+    idle heartbeat thread wakes by itself, so it does not wake it: no thread switch per task."""
+    app = make_app(redis_url, uid, delayed_exec_lease_ms=1500)  # a beat every 500 ms
+    store = get_store(app)
+    beater = _beater()
+    LeaseKeeper(store, Execution("warm-up", 0, "me", 1)).start().stop()  # may wake it once: it learns the interval
+    time.sleep(0.8)  # longer than an interval: the thread is idle, asleep by itself
+    wakes = []
+    set_event = beater.wake.set
+    beater.wake.set = lambda: (wakes.append(1), set_event())[-1]  # type: ignore[method-assign]
+    try:
+        for i in range(200):
+            LeaseKeeper(store, Execution(f"job-{i}", 0, "me", 1)).start().stop()
+    finally:
+        del beater.wake.set
+    assert wakes == []
+    assert beater.thread.is_alive()
