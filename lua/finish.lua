@@ -39,16 +39,19 @@ local outcome = ARGV[3]
 local base = shard_base(jk)
 stats_add(base, 'running', -1, 'queued', outcome == 'QUEUED' and 1 or 0,
   'succeeded', outcome == 'SUCCEEDED' and 1 or 0, 'failed', outcome == 'FAILED' and 1 or 0)
-redis.call('HDEL', jk, 'lo', 'lu')
 if outcome == 'QUEUED' then
+  redis.call('HDEL', jk, 'lo', 'lu')
   redis.call('HSET', jk, 'st', 'QUEUED')
   redis.call('PEXPIRE', jk, tonumber(ARGV[4]))  -- bounded, as at release
   log_change(KEYS[2], ARGV[8], outcome, {ARGV[7]})
   return {OK, outcome}
 end
-redis.call('HSET', jk, 'st', outcome, 'finished', now_ms(ARGV[1]))
-if ARGV[6] ~= '' then redis.call('HSET', jk, 'reason', ARGV[6]) end
-drop_message(jk)
+-- One command per kind of write (a call from Lua costs more than its work here):
+-- the lease and any message left go in one HDEL, the outcome in one HSET.
+drop_message(jk, {'lo', 'lu'})
+local done = {'st', outcome, 'finished', now_ms(ARGV[1])}
+if ARGV[6] ~= '' then done[5] = 'reason'; done[6] = ARGV[6] end
+redis.call('HSET', jk, unpack(done))
 local ttl = tonumber(ARGV[4])
 if ik and ik ~= '' then ttl = math.max(ttl, tonumber(ARGV[5])) end
 redis.call('PEXPIRE', jk, ttl)

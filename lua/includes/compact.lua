@@ -91,6 +91,12 @@ local function message_of(base, jk, id, tg)
 end
 
 -- Drop a job's message (it started, or will never be sent): the full or the compact one.
-local function drop_message(jk)
-  redis.call('HDEL', jk, unpack(MSG_FIELDS))
+-- `more` (optional): other fields to drop in the same command.
+local function drop_message(jk, more)
+  if more then
+    for i = 1, #MSG_FIELDS do more[#more + 1] = MSG_FIELDS[i] end
+    redis.call('HDEL', jk, unpack(more))
+  else
+    redis.call('HDEL', jk, unpack(MSG_FIELDS))
+  end
 end
