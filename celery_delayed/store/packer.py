@@ -46,8 +46,8 @@ class DirectPacker:
 
     __slots__ = ("_fallback",)
 
-    def __init__(self, encoding: str = "utf-8", errors: str = "strict") -> None:
-        encode = Encoder(encoding, errors, decode_responses=False).encode  # type: ignore[no-untyped-call, unused-ignore]
+    def __init__(self) -> None:
+        encode = Encoder("utf-8", "strict", decode_responses=False).encode  # type: ignore[no-untyped-call, unused-ignore]
         self._fallback: Callable[..., list[bytes]] = PythonRespSerializer(_BUFFER_CUTOFF, encode).pack
 
     def pack(self, *args: Any) -> list[bytes]:

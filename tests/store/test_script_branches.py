@@ -128,7 +128,7 @@ def test_finish_into_failed_is_final_with_its_reason(store: Store) -> None:
     assert (out.code, out.state) == (Reply.OK, "FAILED")
     r = rec(store, "a")
     assert (r["st"], r["finished"], r["reason"]) == ("FAILED", str(T + 5), "rejected")
-    assert "lo" not in r and "msg" not in r
+    assert "lo" not in r and "lu" not in r and "msg" not in r
     assert 0 < ttl_ms(store, "a") <= DONE_TTL_S * 1000
     assert store.start("a", 0, "w3", now_ms=T + 6).code == Reply.WRONG_STATE
     late = store.finish("a", 0, "w1", "SUCCEEDED", now_ms=T + 7)  # finished already: nothing changes
