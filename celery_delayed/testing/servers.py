@@ -103,18 +103,34 @@ class RedisServer:
         return path.read_text(errors="replace")[-2000:] if path.exists() else ""
 
     def start(self, timeout: float = 10.0) -> RedisServer:
-        """Start the server and wait until it answers PING."""
+        """Start the server and wait until it answers PING.
+
+        Raises:
+            RuntimeError: it did not start in ``timeout`` seconds, or exited
+                (e.g. another process holds the port: a PING answered by that
+                other server does not count).
+        """
         self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                      start_new_session=self.own_session)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if _ping(self.port):
-                return self
             if self.proc.poll() is not None:
                 break
+            if _ping(self.port) and self._ready():
+                return self
             time.sleep(0.02)
         self.stop("kill")
         raise RuntimeError(f"redis-server did not start on port {self.port}: {self.log}")
+
+    def _ready(self) -> bool:
+        """This server (not another one on the port) has logged that it serves."""
+        path = Path(self.dir, "redis.log")
+        try:
+            log = path.read_text(errors="replace")
+        except OSError:
+            return False
+        # A restart appends to the log: look only after this start's banner line.
+        return "Ready to accept connections" in log[log.rfind("Server initialized"):]
 
     def stop(self, sig: str = "term") -> None:
         """Stop the server: ``"term"`` (SIGTERM, a clean shutdown) or ``"kill"`` (SIGKILL)."""
@@ -150,20 +166,27 @@ class RedisServer:
         self.close()
 
 
-def _cluster_port() -> int:
-    """A free port whose cluster bus port (+10000) is free too."""
+def _cluster_port(taken: set[int]) -> int:
+    """A free port whose cluster bus port (+10000) is free too, neither of them in ``taken``.
+
+    The ports are free when asked but not held, so the caller passes the ports
+    it has already chosen: the kernel may hand the same one out twice.
+    """
     for _ in range(200):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = int(s.getsockname()[1])
         if port > 55535:
             port -= 20000
+        if {port, port + 10000} & taken:
+            continue
         try:
             for p in (port, port + 10000):
                 with socket.socket() as s:
                     s.bind(("127.0.0.1", p))
         except OSError:
             continue
+        taken.update((port, port + 10000))
         return port
     raise RuntimeError("no free port pair for a Redis Cluster node")
 
@@ -188,9 +211,10 @@ class RedisClusterServers:
         if masters < 3:
             raise ValueError("a Redis Cluster needs at least 3 masters")
         self.masters, self.replicas = masters, replicas
+        taken: set[int] = set()
         self.nodes = [
             RedisServer("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                        "--cluster-node-timeout", str(node_timeout_ms), port=_cluster_port())
+                        "--cluster-node-timeout", str(node_timeout_ms), port=_cluster_port(taken))
             for _ in range(masters * (1 + replicas))
         ]
 
