@@ -70,7 +70,8 @@ class RedisServer:
 
     Args:
         *extra: more ``redis-server`` arguments (e.g. ``"--maxmemory", "10mb"``).
-        port: the port (default: a free one). :meth:`restart` keeps it.
+        port: the port (default: a free one, chosen again if another process
+            takes it before the server binds it). :meth:`restart` keeps it.
         appendonly: keep an AOF (``appendfsync everysec``) in the server's
             folder, so a restart keeps the data.
         exe: the ``redis-server`` binary (default: the one on PATH).
@@ -82,6 +83,7 @@ class RedisServer:
                  exe: str | None = None, own_session: bool = False) -> None:
         self.exe = exe or ensure_redis_server()
         self.port = port or free_port()
+        self._chosen_port = port is None
         self.dir = tempfile.mkdtemp(prefix="celery-delayed-redis-")
         self.own_session = own_session
         self.args = [
@@ -110,16 +112,23 @@ class RedisServer:
                 (e.g. another process holds the port: a PING answered by that
                 other server does not count).
         """
-        self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                     start_new_session=self.own_session)
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
+        for _ in range(5):
+            self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                         start_new_session=self.own_session)
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    break
+                if _ping(self.port) and self._ready():
+                    self._chosen_port = False  # a restart keeps it
+                    return self
+                time.sleep(0.02)
+            self.stop("kill")
+            if not (self._chosen_port and "Address already in use" in self.log and time.monotonic() < deadline):
                 break
-            if _ping(self.port) and self._ready():
-                return self
-            time.sleep(0.02)
-        self.stop("kill")
+            # The free port this object chose was taken before the server bound it: choose another.
+            self.port = free_port()
+            self.args[self.args.index("--port") + 1] = str(self.port)
         raise RuntimeError(f"redis-server did not start on port {self.port}: {self.log}")
 
     def _ready(self) -> bool:

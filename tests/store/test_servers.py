@@ -22,6 +22,22 @@ def test_a_server_whose_port_is_taken_refuses_to_start_rather_than_share_the_oth
 
 
 @pytest.mark.timeout(30)
+def test_a_server_that_chose_its_port_chooses_another_if_that_one_was_taken_before_it_started() -> None:
+    server = RedisServer()
+    chosen = server.port
+    with RedisServer(port=chosen) as squatter:
+        redis.Redis.from_url(squatter.url).set("who", "squatter")
+        try:
+            server.start(timeout=10)
+            assert server.port != chosen
+            assert redis.Redis.from_url(server.url).get("who") is None
+            server.restart()
+            assert server.port != chosen and redis.Redis.from_url(server.url).ping()
+        finally:
+            server.close()
+
+
+@pytest.mark.timeout(30)
 def test_a_restarted_server_counts_as_started_only_when_it_serves_again() -> None:
     with RedisServer(appendonly=True) as server:
         redis.Redis.from_url(server.url).set("k", "v")
