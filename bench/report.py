@@ -69,8 +69,13 @@ def table(ctx: Ctx) -> str:
 
 
 def write(ctx: Ctx, scenarios: list[str], elapsed_s: float, name: str = "latest") -> None:
-    """Print the table and write <name>.md, <name>.json (default latest) and lateness.png."""
+    """Print the table and write <name>.md, <name>.json (default latest) and the lateness plot.
+
+    The plot is ``lateness.png`` for the default name and ``<name>-lateness.png``
+    otherwise, so a named run (an A/B, a repeat) leaves the full run's plot alone.
+    """
     RESULTS.mkdir(exist_ok=True)
+    png = "lateness.png" if name == "latest" else f"{name}-lateness.png"
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     versions = _versions()
     head = [
@@ -86,7 +91,7 @@ def write(ctx: Ctx, scenarios: list[str], elapsed_s: float, name: str = "latest"
     body = table(ctx)
     notes = [f"- {n}" for n in ctx.notes]
     text = "\n".join([*head, body, "", "## Notes", "", *notes, "",
-                      "![lateness](lateness.png)" if ctx.lateness else "", ""])
+                      f"![lateness]({png})" if ctx.lateness else "", ""])
     print("\n" + body + "\n" + "\n".join(notes), flush=True)
     (RESULTS / f"{name}.md").write_text(text)
     data: dict[str, Any] = {
@@ -97,9 +102,9 @@ def write(ctx: Ctx, scenarios: list[str], elapsed_s: float, name: str = "latest"
     }
     (RESULTS / f"{name}.json").write_text(json.dumps(data, indent=1, default=str))
     if ctx.lateness:
-        plot(ctx.lateness, RESULTS / "lateness.png")
+        plot(ctx.lateness, RESULTS / png)
     print(f"\nwrote {(RESULTS / f'{name}.md').relative_to(ROOT)}, {name}.json"
-          f"{', lateness.png' if ctx.lateness else ''}", flush=True)
+          f"{', ' + png if ctx.lateness else ''}", flush=True)
 
 
 def plot(lateness: dict[str, list[float]], path: Path) -> None:
