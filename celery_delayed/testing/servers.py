@@ -65,6 +65,29 @@ def _ping(port: int) -> bool:
         return False
 
 
+def _server_pid(port: int, password: str | None = None) -> int | None:
+    """The ``process_id`` of the server on ``port`` by ``INFO server``; None if it refuses or is not up."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+            if password is not None:  # a pipeline: AUTH's reply comes first
+                s.sendall(b"*2\r\n$4\r\nAUTH\r\n$%d\r\n%s\r\n" % (len(password.encode()), password.encode()))
+                if not s.recv(5).startswith(b"+OK"):
+                    return None
+            s.sendall(b"INFO server\r\n")
+            data = b""
+            while not data.startswith(b"-"):  # an error: e.g. -NOAUTH
+                chunk = s.recv(4096)
+                if not chunk:
+                    break
+                data += chunk
+                _, found, rest = data.partition(b"process_id:")
+                if found and b"\r\n" in rest:
+                    return int(rest.split(b"\r\n", 1)[0])
+    except OSError:
+        pass
+    return None
+
+
 class RedisServer:
     """A private redis-server process on 127.0.0.1; ``url`` points at it.
 
@@ -132,14 +155,19 @@ class RedisServer:
         raise RuntimeError(f"redis-server did not start on port {self.port}: {self.log}")
 
     def _ready(self) -> bool:
-        """This server (not another one on the port) has logged that it serves."""
-        path = Path(self.dir, "redis.log")
+        """The server answering on the port is this object's process, not another one."""
+        assert self.proc is not None
+        password = self.args[self.args.index("--requirepass") + 1] if "--requirepass" in self.args else None
+        pid = _server_pid(self.port, password)
+        if pid is not None:
+            return pid == self.proc.pid
+        # INFO refused (e.g. ACL users): this start's own log line, at the default log level.
         try:
-            log = path.read_text(errors="replace")
+            log = Path(self.dir, "redis.log").read_text(errors="replace")
         except OSError:
             return False
-        # A restart appends to the log: look only after this start's banner line.
-        return "Ready to accept connections" in log[log.rfind("Server initialized"):]
+        start = log.rfind("Server initialized")  # a restart appends to the log
+        return start >= 0 and "Ready to accept connections" in log[start:]
 
     def stop(self, sig: str = "term") -> None:
         """Stop the server: ``"term"`` (SIGTERM, a clean shutdown) or ``"kill"`` (SIGKILL)."""

@@ -22,6 +22,19 @@ def test_a_server_whose_port_is_taken_refuses_to_start_rather_than_share_the_oth
 
 
 @pytest.mark.timeout(30)
+@pytest.mark.parametrize("extra", [("--requirepass", "s3cret"), ("--loglevel", "warning")])
+def test_the_check_of_whose_server_answers_holds_with_a_password_and_a_quiet_log(extra: tuple[str, str]) -> None:
+    with RedisServer(*extra) as first:
+        first.restart()
+        second = RedisServer(*extra, port=first.port)
+        try:
+            with pytest.raises(RuntimeError, match=f"did not start on port {first.port}"):
+                second.start(timeout=5)
+        finally:
+            second.close()
+
+
+@pytest.mark.timeout(30)
 def test_a_server_that_chose_its_port_chooses_another_if_that_one_was_taken_before_it_started() -> None:
     server = RedisServer()
     chosen = server.port
