@@ -5,12 +5,12 @@ generator step and an ``Encoder.encode`` call each, ~0.3 µs an argument)
 before ``hiredis.pack_command`` packs them. The store's commands are mostly
 scripts with many arguments: a ledger call (``start.lua``, ``finish.lua``)
 has 13, a one-job ``schedule.lua`` 28, so that pass was ~7 µs of each call.
-hiredis itself encodes ``str`` (UTF-8), ``bytes``, ``int`` and ``float``
-(``repr``'s digits), the same bytes redis-py sends, so :class:`DirectPacker`
-hands it the arguments directly. Anything else goes through redis-py's own
-serializer (its pure-Python one, the same bytes), which splits, encodes or
-refuses it as it always has: a command name with a space (``"SCRIPT LOAD"``),
-``None`` or a ``bool`` (redis-py's ``DataError``), a ``memoryview``.
+hiredis itself encodes ``str`` (UTF-8), ``bytes``, ``memoryview``, ``int``
+and ``float`` (``repr``'s digits), the same bytes redis-py sends, so
+:class:`DirectPacker` hands it the arguments directly. Anything else goes
+through redis-py's own serializer (its pure-Python one, the same bytes), which
+splits, encodes or refuses it as it always has: a command name with a space
+(``"SCRIPT LOAD"``), ``None`` or a ``bool`` (redis-py's ``DataError``).
 """
 
 from __future__ import annotations

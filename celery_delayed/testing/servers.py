@@ -121,11 +121,16 @@ class RedisServer:
         """The server's URL (database 0)."""
         return f"redis://127.0.0.1:{self.port}/0"
 
+    def _log_text(self) -> str:
+        try:
+            return Path(self.dir, "redis.log").read_text(errors="replace")
+        except OSError:
+            return ""
+
     @property
     def log(self) -> str:
         """The tail of the server's log."""
-        path = Path(self.dir, "redis.log")
-        return path.read_text(errors="replace")[-2000:] if path.exists() else ""
+        return self._log_text()[-2000:]
 
     def start(self, timeout: float = 10.0) -> RedisServer:
         """Start the server and wait until it answers PING.
@@ -137,6 +142,7 @@ class RedisServer:
         """
         deadline = time.monotonic() + timeout
         for _ in range(5):
+            logged = len(self._log_text())  # the log is appended to: judge this attempt by its own lines
             self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                          start_new_session=self.own_session)
             while time.monotonic() < deadline:
@@ -147,7 +153,8 @@ class RedisServer:
                     return self
                 time.sleep(0.02)
             self.stop("kill")
-            if not (self._chosen_port and "Address already in use" in self.log and time.monotonic() < deadline):
+            taken = "Address already in use" in self._log_text()[logged:]
+            if not (self._chosen_port and taken and time.monotonic() < deadline):
                 break
             # The free port this object chose was taken before the server bound it: choose another.
             self.port = free_port()
@@ -162,10 +169,7 @@ class RedisServer:
         if pid is not None:
             return pid == self.proc.pid
         # INFO refused (e.g. ACL users): this start's own log line, at the default log level.
-        try:
-            log = Path(self.dir, "redis.log").read_text(errors="replace")
-        except OSError:
-            return False
+        log = self._log_text()
         start = log.rfind("Server initialized")  # a restart appends to the log
         return start >= 0 and "Ready to accept connections" in log[start:]
 
