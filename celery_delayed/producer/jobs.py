@@ -264,14 +264,17 @@ class PlainCalls:
     the parent task), so that is resolved once per batch, not once per call.
     """
 
-    __slots__ = ("common", "compact", "expires", "n_shards", "parent_id", "root_id", "store", "tmpl", "tz")
+    __slots__ = ("common", "compact", "expires", "n_shards", "name", "parent_id", "root_id", "store", "task",
+                 "tmpl", "tz")
 
     def __init__(self, store: Store, tmpl: Template, common: dict[str, str], compact: CompactTemplate,
-                 root_id: Any, parent_id: Any, tz: Any, expires: Any = None) -> None:
+                 root_id: Any, parent_id: Any, tz: Any, expires: Any = None, name: str = "",
+                 task: Any = None) -> None:
         self.store, self.tmpl, self.common, self.compact, self.tz = store, tmpl, common, compact, tz
         self.root_id, self.parent_id = root_id, parent_id
         self.n_shards = store.shards
         self.expires = expires
+        self.name, self.task = name, task  # the task's signature checks each call's arguments
 
     @staticmethod
     def accepts(call: Mapping[str, Any]) -> bool:
@@ -297,10 +300,16 @@ class PlainCalls:
             return None
         root_id, parent_id = parent_ids(app, root_id, parent_id)
         common, compact = compact_shared(store, name, tmpl, release)
-        return cls(store, tmpl, common, compact, root_id, parent_id, app.timezone, options.get("expires"))
+        return cls(store, tmpl, common, compact, root_id, parent_id, app.timezone, options.get("expires"),
+                   name, task)
 
     def prepare(self, args: Any, kwargs: Any, when: object) -> Prepared | None:
-        """The job of one call, or None (then the regular path prepares it)."""
+        """The job of one call, or None (then the regular path prepares it).
+
+        Raises:
+            InvalidWhen, InvalidOption: bad input (as :func:`prepare`).
+        """
+        _check_arguments(self.name, self.task, args, kwargs)
         due = due_spec(when, self.tz)
         if self.expires is not None:
             check_expiry(self.expires, due)

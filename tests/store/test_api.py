@@ -309,6 +309,26 @@ def test_one_bad_item_in_a_batch_stores_nothing(
     assert keys_of(rclient, tapp) == set()
 
 
+#: bad arguments, in a call that gives only args, kwargs and when (apply_later_many's fast path)
+BAD_ARGUMENTS = [b for b in BAD if b[0] in {"unserializable", "unserializable-kwargs", "too-large", "args-type",
+                                            "kwargs-type", "too-many-args", "unknown-kwarg", "missing-arg"}]
+
+
+@pytest.mark.parametrize(("call", "exc", "needle"), [b[1:] for b in BAD_ARGUMENTS], ids=[b[0] for b in BAD_ARGUMENTS])
+def test_bad_arguments_in_a_batch_of_plain_calls_store_nothing(
+    tapp: Celery, rclient: redis.Redis, call: dict[str, Any], exc: type[Exception], needle: str
+) -> None:
+    # Calls with only args, kwargs and when share their options: the batch prepares them on a
+    # path of its own, which checks each call's arguments as apply_later does.
+    calls: list[dict[str, Any]] = [{"args": (i,), "when": 60} for i in range(20)]
+    calls.insert(13, {"args": (1,), "when": 60} | call)
+    with pytest.raises(exc, match=needle):
+        apply_later_many(tapp, NAME, calls)
+    with pytest.raises(exc, match=needle):
+        tapp.tasks[NAME].apply_later_many(calls)
+    assert keys_of(rclient, tapp) == set()
+
+
 def test_signature_check_follows_task_typing(redis_url: str, uid: str) -> None:
     app = make_app(redis_url, uid)
 
@@ -324,6 +344,11 @@ def test_signature_check_follows_task_typing(redis_url: str, uid: str) -> None:
     assert bound.apply_later(args=(1,), when=60).created  # self is not counted
     with pytest.raises(InvalidOption, match="signature"):
         bound.apply_later(args=(1, 2), when=60)
+    # The same in a batch of calls that give only args and when.
+    assert all(h.created for h in loose.apply_later_many([{"args": (1, 2, 3), "when": 60}] * 3))
+    assert all(h.created for h in bound.apply_later_many([{"args": (i,), "when": 60} for i in range(3)]))
+    with pytest.raises(InvalidOption, match="signature"):
+        bound.apply_later_many([{"args": (1,), "when": 60}, {"args": (1, 2), "when": 60}])
     # By name with strict=False nothing is known of the signature: not checked.
     assert apply_later(app, "api.elsewhere", args=(1, 2, 3), when=60, strict=False).created
 
