@@ -69,7 +69,8 @@ def store_prepared(app: Celery, prepared: Sequence[Prepared], connection: Any = 
         if not res.created and not p.idempotent:
             raise DuplicateJob(res.id, res.state)
         out.append(DelayedResult(res.id, store=store, shard=res.shard, due_ms=res.due_ms, created=res.created))
-    if app.conf.task_send_sent_event:
+    # (a compact job's record keeps no sent event: its template is made only with the events off)
+    if any(p.job.template is None for p in prepared) and app.conf.task_send_sent_event:
         _announce_scheduled(app, prepared, results)
     return out
 
@@ -152,6 +153,12 @@ def apply_later(
                       database=bool(get_store(app).config.database_url))
     if spec is not None:
         return _apply_keyed(app, name, args, kwargs, when, spec, shard_key, task, opts)
+    if not options and task_id is None and shard_key is None and idempotency_key is None:
+        # Only args, kwargs and when: the path apply_later_many takes for such calls (the same job).
+        plain = PlainCalls.create(app, name, task, opts)
+        fast = plain.prepare(args, kwargs, when) if plain is not None else None
+        if fast is not None:
+            return store_prepared(app, [fast], connection)[0]
     p = prepare(app, name, args, kwargs, when, task_id=task_id, shard_key=shard_key,
                 idempotency_key=idempotency_key, task_type=task, options=opts)
     return store_prepared(app, [p], connection)[0]

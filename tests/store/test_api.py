@@ -456,3 +456,35 @@ def test_a_cancelled_generations_message_is_refused_at_start(tapp: Celery, rclie
     stale = store.start(first.id, first.shard, "w-old", generation=0)
     assert (stale.run, stale.superseded, stale.cancelled) == (False, True, False)
     assert store.start(second.id, second.shard, "w-new", generation=1).run
+
+
+# -- task-sent events ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("events", [False, True], ids=["events-off", "events-on"])
+def test_a_call_announces_task_sent_only_with_sent_events_on(
+    tapp: Celery, monkeypatch: pytest.MonkeyPatch, events: bool
+) -> None:
+    """A call giving only args and when takes the short path; with task_send_sent_event it still announces."""
+    import celery_delayed.api as api_module
+
+    tapp.conf.task_send_sent_event = events
+    announced: list[list[Any]] = []
+
+    class Recorder:
+        def scheduled(self, batch: list[Any]) -> None:
+            announced.append(list(batch))
+
+    monkeypatch.setattr(api_module, "shared_announcer", lambda app: Recorder())
+    one = apply_later(tapp, NAME, args=(1,), when=60)
+    many = apply_later_many(tapp, NAME, [{"args": (i,), "when": 60} for i in range(3)])
+    record = one.job()
+    if events:
+        assert "ev" in record and "tp" not in record  # the whole message, with the event to announce
+        assert json.loads(record["ev"])["uuid"] == one.id
+        assert announced[0][0][0]["uuid"] == one.id
+        assert [len(b) for b in announced] == [1, 3]
+        assert {e["uuid"] for e, _eta in announced[1]} == {h.id for h in many}
+    else:
+        assert "ev" not in record and "tp" in record  # a compact record: nothing to announce
+        assert announced == []
