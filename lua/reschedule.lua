@@ -46,7 +46,7 @@ if msg then
 elseif tp then  -- compact: its delayed_eta field, and a template that lives as long as the job needs it
   redis.call('HSET', jk, 'e', '"' .. iso_utc(new_due) .. '"')
   local tk, want = base .. 'tpl:' .. tp, new_due - now_ms(ARGV[1]) + (tonumber(ARGV[8]) or 0)
-  if redis.call('PTTL', tk) < want then redis.call('PEXPIRE', tk, want) end
+  keep_template(tk, want)
 end
 task, q = route_of(base, task, q, tp)
 ix_add(base, task, q, id, new_due)

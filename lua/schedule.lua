@@ -39,7 +39,8 @@ when KEYS[4] is given, does not exist and no '~tpl' came with the call
 shard was sealed against the caller's shard count.
 
 Compact jobs (store/compact.py) keep their template alive: its TTL is pushed
-to at least the latest due time of the call plus '~keep'.
+to at least the latest due time of the call plus '~keep' (with an eighth more:
+keep_template in includes/common.lua).
 ]]
 -- @include "common"
 -- @include "due_index"
@@ -124,7 +125,7 @@ end
 if #zs > 0 then call('ZADD', KEYS[1], unpack(zs)) end
 if KEYS[4] and latest then  -- the template outlives every job that needs it
   local want = latest - now + keep
-  if call('PTTL', KEYS[4]) < want then call('PEXPIRE', KEYS[4], want) end
+  keep_template(KEYS[4], want)
 end
 if stored > 0 then
   local base = shard_base(KEYS[1])

@@ -99,7 +99,7 @@ call('HSET', jk, unpack(rec))
 due_add(KEYS[1], KEYS[2], id, due, bucket_ms)
 local task, q = route_of(base, fields.task, fields.q, fields.tp)
 ix_add(base, task, q, id, due)
-if KEYS[5] and call('PTTL', KEYS[5]) < due - now + ttl then call('PEXPIRE', KEYS[5], due - now + ttl) end
+if KEYS[5] then keep_template(KEYS[5], due - now + ttl) end
 
 if mode == 'throttle' then
   call('HSET', entry, 'id', id, 'first', now)

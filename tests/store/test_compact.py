@@ -120,6 +120,28 @@ def test_the_template_is_stored_once_per_shard_and_outlives_its_jobs(redis_url, 
         json.loads(store.client.hget(store.keys.shard(far.shard).job(far.id), "e"))[:10])
 
 
+def test_a_steady_stream_of_calls_extends_the_template_once_not_every_call(redis_url, uid):
+    app = make_app(redis_url, uid, delayed_shards=1)
+    store = get_store(app)
+    first = apply_later(app, TASK, (0,), when=3600, strict=False)
+    tk = store.keys.shard(0).template(store.client.hget(store.keys.shard(0).job(first.id), Field.TEMPLATE))
+    keep = 3600_000 + store.config.record_ttl_ms
+
+    def pexpires() -> int:
+        return int(store.client.info("commandstats").get("cmdstat_pexpire", {}).get("calls", 0))
+
+    before = pexpires()
+    for i in range(50):
+        apply_later(app, TASK, (i,), when=3600, strict=False)
+    assert pexpires() - before == 0  # the first call's extension covers the next eighth of its TTL
+    assert keep - 60_000 <= store.client.pttl(tk) <= keep + keep // 8
+    # a job due later than the template's TTL extends it (at least to that job's due time plus the record ttl)
+    far = apply_later(app, TASK, (9,), when=30 * 86_400, strict=False)
+    assert pexpires() - before == 1
+    assert store.client.pttl(tk) >= 30 * 86_400_000 + store.config.record_ttl_ms - 60_000
+    assert far.created
+
+
 def test_a_template_the_server_lost_is_sent_again(redis_url, uid):
     app = make_app(redis_url, uid, delayed_shards=1)
     store = get_store(app)
