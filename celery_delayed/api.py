@@ -19,7 +19,7 @@ from .cancellation import cancel_job
 from .errors import ConfigurationError, DuplicateJob, InvalidOption
 from .producer.jobs import PlainCalls, Prepared, job_id_for_key, lookup_task, prepare, refuse_taken
 from .producer.keyed import KeyedSpec, keyed_spec
-from .producer.message import task_defaults
+from .producer.message import parent_ids, task_defaults
 from .result import DelayedResult
 from .store import NewJob, get_store
 from .store.compact import fast_uuid4
@@ -155,8 +155,8 @@ def apply_later(
         return _apply_keyed(app, name, args, kwargs, when, spec, shard_key, task, opts)
     if not options and task_id is None and shard_key is None and idempotency_key is None:
         # Only args, kwargs and when: the path apply_later_many takes for such calls (the same job).
-        plain = PlainCalls.create(app, name, task, opts)
-        fast = plain.prepare(args, kwargs, when) if plain is not None else None
+        plain = PlainCalls.cached(app, name, task, opts)
+        fast = plain.prepare(args, kwargs, when, parent_ids(app, None, None)) if plain is not None else None
         if fast is not None:
             return store_prepared(app, [fast], connection)[0]
     p = prepare(app, name, args, kwargs, when, task_id=task_id, shard_key=shard_key,

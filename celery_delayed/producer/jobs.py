@@ -7,6 +7,7 @@ stored (bad input raises a typed error and leaves nothing behind).
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -255,6 +256,8 @@ def _too_large(own: Mapping[str, str], max_bytes: int) -> bool:
 
 
 _PLAIN_KEYS = frozenset({"args", "kwargs", "when"})
+#: the app attribute that keeps :meth:`PlainCalls.cached`'s instances
+_PLAIN_ATTR = "_celery_delayed_plain_calls"
 
 
 class PlainCalls:
@@ -264,15 +267,13 @@ class PlainCalls:
     the parent task), so that is resolved once per batch, not once per call.
     """
 
-    __slots__ = ("common", "compact", "expires", "n_shards", "name", "parent_id", "root_id", "store", "task",
-                 "tmpl", "tz")
+    __slots__ = ("common", "compact", "expires", "name", "parent_id", "root_id", "store", "task", "tmpl", "tz")
 
     def __init__(self, store: Store, tmpl: Template, common: dict[str, str], compact: CompactTemplate,
                  root_id: Any, parent_id: Any, tz: Any, expires: Any = None, name: str = "",
                  task: Any = None) -> None:
         self.store, self.tmpl, self.common, self.compact, self.tz = store, tmpl, common, compact, tz
         self.root_id, self.parent_id = root_id, parent_id
-        self.n_shards = store.shards
         self.expires = expires
         self.name, self.task = name, task  # the task's signature checks each call's arguments
 
@@ -303,8 +304,35 @@ class PlainCalls:
         return cls(store, tmpl, common, compact, root_id, parent_id, app.timezone, options.get("expires"),
                    name, task)
 
-    def prepare(self, args: Any, kwargs: Any, when: object) -> Prepared | None:
+    @classmethod
+    def cached(cls, app: Celery, name: str, task: Any, defaults: Mapping[str, Any]) -> PlainCalls | None:
+        """:meth:`create`, kept per app, task, process, thread and task defaults (a single call's short path).
+
+        What it holds does not depend on the call; the caller passes each
+        call's root and parent ids to :meth:`prepare`. Like the message
+        templates it rests on, it follows the task's defaults and the app's
+        store, not later changes to the app's configuration.
+        """
+        store = get_store(app)
+        try:
+            key = (name, id(task), os.getpid(), app.thread_oid, tuple(defaults.items()),
+                   getattr(task, "misfire", None), getattr(task, "max_lateness", None))
+            cache: dict[Any, tuple[Store, Any, PlainCalls | None]] = app.__dict__.setdefault(_PLAIN_ATTR, {})
+            hit = cache.get(key)
+        except TypeError:  # an unhashable default
+            return cls.create(app, name, task, defaults)
+        if hit is not None and hit[0] is store and hit[1] is task:
+            return hit[2]
+        plain = cls.create(app, name, task, defaults)
+        if len(cache) >= 256:
+            cache.clear()
+        cache[key] = (store, task, plain)
+        return plain
+
+    def prepare(self, args: Any, kwargs: Any, when: object, ids: tuple[Any, Any] | None = None) -> Prepared | None:
         """The job of one call, or None (then the regular path prepares it).
+
+        ``ids``: the call's root and parent ids (default: the batch's).
 
         Raises:
             InvalidWhen, InvalidOption: bad input (as :func:`prepare`).
@@ -314,9 +342,10 @@ class PlainCalls:
         if self.expires is not None:
             check_expiry(self.expires, due)
         job_id = fast_uuid4()
-        shard = shard_for(job_id, self.n_shards)
+        shard = shard_for(job_id, self.store.shards)
         from_due = eta_is_due(due, self.tz)
-        own = self.tmpl.compact_fields(job_id, args or (), kwargs or {}, self.root_id, self.parent_id,
+        root_id, parent_id = (self.root_id, self.parent_id) if ids is None else ids
+        own = self.tmpl.compact_fields(job_id, args or (), kwargs or {}, root_id, parent_id,
                                        None if from_due else eta_iso(when, self.tz), from_due)
         if own is None or _too_large(own, self.store.config.max_payload_bytes):
             return None

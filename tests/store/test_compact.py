@@ -253,3 +253,45 @@ def test_iso_utc_is_the_lua_twin():
         got = compact.iso_utc(ms)
         assert datetime.fromisoformat(got) == datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(milliseconds=ms)
         assert got.endswith("000+00:00")
+
+
+def test_a_call_inside_a_task_gets_its_root_and_parent_ids_each_time(redis_url, uid):
+    # apply_later's short path keeps what the calls share, but each call's root and parent ids are its own.
+    app = make_app(redis_url, uid, delayed_shards=2)
+    store = get_store(app)
+
+    @app.task(name="compact.outer", shared=False)
+    def outer():
+        return [apply_later(app, TASK, (i,), when=60, strict=False).id for i in range(2)]
+
+    def ids(job_id):
+        rec = store.get(job_id)
+        headers = json.loads(store.message(job_id, int(rec["shard"])) or "")["headers"]
+        return headers["root_id"], headers["parent_id"]
+
+    before = apply_later(app, TASK, (0,), when=60, strict=False).id
+    inside = outer.apply(task_id="the-outer-task").get()
+    after = apply_later(app, TASK, (0,), when=60, strict=False).id
+    assert ids(before) == (before, None)
+    assert [ids(i) for i in inside] == [("the-outer-task", "the-outer-task")] * 2
+    assert ids(after) == (after, None)
+
+
+def test_a_changed_task_default_reaches_the_next_call(redis_url, uid):
+    app = make_app(redis_url, uid, delayed_shards=2)
+    store = get_store(app)
+
+    @app.task(name="compact.routed", shared=False)
+    def routed(i):
+        return i
+
+    first = apply_later(app, "compact.routed", (1,), when=60).id
+    routed.queue = f"other{uid}"
+    second = apply_later(app, "compact.routed", (2,), when=60).id
+
+    def queue_of(job_id):
+        rec = store.get(job_id)
+        return json.loads(store.message(job_id, int(rec["shard"])) or "")["properties"]["delivery_info"]["routing_key"]
+
+    assert queue_of(first) == app.conf.task_default_queue
+    assert queue_of(second) == f"other{uid}"
