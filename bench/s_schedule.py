@@ -2,7 +2,10 @@
 
 1. One call at a time: ``apply_later`` vs Celery ``apply_async(countdown=)``,
    RQ ``enqueue_in``, dramatiq ``send_with_options(delay=)``, arq
-   ``enqueue_job(_defer_by=)``: jobs/s, and the ratio to Celery's.
+   ``enqueue_job(_defer_by=)``: jobs/s, and the ratio to Celery's. Beside
+   them, the floor of ``apply_later`` on this design: one round trip with its
+   keys and arguments to a script that does nothing, and that plus its
+   script's own Redis time (``INFO commandstats``).
 2. In bulk: ``apply_later_many`` vs a bare multi-member ZADD of the same
    number of members (the ceiling of any sorted-set scheduler).
 """
@@ -11,9 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
-from celery_delayed import apply_later, apply_later_many
+from celery_delayed import apply_later, apply_later_many, get_store
 
 from .celery_app import make_app
 from .common import Ctx, uid
@@ -48,14 +53,19 @@ def one_at_a_time(ctx: Ctx) -> None:
         for _ in range(per):
             late.apply_async(args=(0.0,), countdown=3600)
 
+    floor = _round_trip_floor(app, per)
     systems = [("celery-delayed apply_later", delayed), ("Celery apply_async(countdown)", celery_eta)]
     systems += _alternatives(ctx, per, u)
+    systems.append((FLOOR, floor))
     spent: dict[str, float] = {}
     failed: dict[str, str] = {}
+    server = ctx.client()
+    script_us = 0.0  # Redis time of apply_later's script (INFO commandstats around its rounds only)
     for _ in range(rounds):
         for name, fn in systems:
             if name in failed:
                 continue
+            before = _evalsha_usec(server) if name == "celery-delayed apply_later" else 0.0
             t0 = time.perf_counter()
             try:
                 fn()  # type: ignore[operator]
@@ -63,14 +73,63 @@ def one_at_a_time(ctx: Ctx) -> None:
                 failed[name] = f"failed: {exc!r}"[:200]
                 continue
             spent[name] = spent.get(name, 0.0) + time.perf_counter() - t0
+            if name == "celery-delayed apply_later":
+                script_us += _evalsha_usec(server) - before
     for name, _ in systems:
         if name in failed:
             ctx.add(S1, name, "jobs/s", None, "jobs/s", note=failed[name])
+        elif name == FLOOR:
+            ctx.add(S1, name, "jobs/s", _rate(per * rounds, spent[name]), "jobs/s",
+                    note="one EVALSHA of apply_later's keys and arguments to a script that returns at once, "
+                         "on the store's client: the round trip no apply_later can beat")
         else:
             ctx.add(S1, name, "jobs/s", _rate(per * rounds, spent[name]), "jobs/s",
                     note=f"{rounds} interleaved rounds of {per}")
+    if FLOOR not in failed and spent.get("celery-delayed apply_later"):
+        n = per * rounds
+        per_call = spent[FLOOR] / n + script_us / n / 1e6
+        ctx.add(S1, FLOOR_AND_SCRIPT, "jobs/s", 1 / per_call, "jobs/s",
+                note=f"the round trip above plus the schedule script's own Redis time ({script_us / n:.1f} µs a "
+                     "call): what apply_later would reach with no Python of its own")
     ctx.relate(S1, "jobs/s", "Celery apply_async(countdown)")
     _cleanup(ctx, u)
+
+
+FLOOR = "floor: the round trip of apply_later's call"
+FLOOR_AND_SCRIPT = "floor: that round trip + apply_later's script"
+
+
+def _evalsha_usec(client: Any) -> float:
+    """Redis time spent in EVALSHA so far, µs (INFO commandstats)."""
+    return float(client.info("commandstats").get("cmdstat_evalsha", {}).get("usec", 0))
+
+
+def _round_trip_floor(app: Any, n: int) -> Callable[[], None]:
+    """``n`` EVALSHA calls of a script that does nothing, with the keys and arguments of one ``apply_later``
+    call (captured from the store), on the store's own client."""
+    store = get_store(app)
+    seen: list[tuple[Any, Any]] = []
+    run_many = store._run_many
+
+    def grab(script: Any, calls: Any, wait: str = "") -> list[Any]:
+        seen.extend(calls)
+        return run_many(script, calls, wait)
+
+    store._run_many = grab  # type: ignore[method-assign]
+    try:  # a call of a shard the template was sent to already (not the first: that one carries it)
+        while not seen or "~tpl" in seen[-1][1]:
+            apply_later(app, "bench.late_d", (0.0,), None, 3600)
+    finally:
+        del store._run_many
+    keys, args = seen[-1]
+    client = store.client
+    sha = client.script_load("return 1")
+
+    def floor() -> None:
+        for _ in range(n):
+            client.evalsha(sha, len(keys), *keys, *args)
+
+    return floor
 
 
 def _alternatives(ctx: Ctx, n: int, u: str) -> list[tuple[str, object]]:
