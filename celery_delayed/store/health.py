@@ -16,6 +16,9 @@ from .gateway import Store
 
 #: The only maxmemory policy under which Redis never drops a job's keys.
 SAFE_POLICY = "noeviction"
+#: A store this close to maxmemory is reported full: its next writes are refused (a new client's
+#: buffers alone cross the rest), and what is left moves with every connection.
+FULL_AT = 0.99
 #: How a warning that is only "could not check" begins.
 UNCHECKED = "could not check the store's Redis"
 
@@ -98,10 +101,10 @@ class ServerHealth:
                 f"{SAFE_POLICY} on it (a full store then refuses new jobs with StoreFull instead)"
             )
         used, limit = int(info.get("used_memory", 0)), int(info.get("maxmemory", 0))
-        if limit and used >= limit:
+        if limit and used >= limit * FULL_AT:
             out.append(
-                f"the store's Redis is full ({used} of maxmemory {limit} bytes): new jobs are refused "
-                "(StoreFull); release or purge jobs, or raise maxmemory"
+                f"the store's Redis is full ({used} of maxmemory {limit} bytes, {100 * used / limit:.1f} %): "
+                "new jobs are refused (StoreFull); release or purge jobs, or raise maxmemory"
             )
         return out
 

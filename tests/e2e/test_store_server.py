@@ -8,6 +8,7 @@ from support import RedisServer, SchedulerProcess, make_app, run_celery, wait_fo
 
 from celery_delayed import DelayedError, StoreFull, StoreUnavailable, apply_later, apply_later_many, get_store
 from celery_delayed.store import ShardStatus
+from celery_delayed.store.health import ServerHealth
 
 
 def _fill(client: redis.Redis) -> None:
@@ -40,6 +41,23 @@ def test_a_full_store_refuses_jobs_with_a_typed_error_and_writes_nothing(full_se
     assert isinstance(info.value, (DelayedError, StoreUnavailable))
     assert "maxmemory" in str(info.value) and "noeviction" in str(info.value)
     assert sorted(client.scan_iter(f"t{uid}:*")) == before  # nothing half-written
+
+
+@pytest.mark.timeout(60)
+def test_a_store_within_one_percent_of_maxmemory_is_reported_full(uid):
+    # Filled until a write is refused, Redis stays a few KB under maxmemory (the refused value is freed):
+    # the check must call that full, not wait for a client's buffers to push it over.
+    with RedisServer("--maxmemory-policy", "noeviction") as server:
+        app = make_app(server.url, uid)
+        client = redis.Redis.from_url(server.url)
+        health = ServerHealth(get_store(app))
+        used = int(client.info("memory")["used_memory"])
+        client.config_set("maxmemory", int(used * 1.2))
+        assert not any("is full" in w for w in health.warnings())
+        used = int(client.info("memory")["used_memory"])
+        client.config_set("maxmemory", int(used / 0.995))
+        (full,) = [w for w in health.warnings() if "is full" in w]
+        assert "99." in full and "raise maxmemory" in full
 
 
 @pytest.mark.e2e
