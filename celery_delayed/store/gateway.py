@@ -256,6 +256,7 @@ class Store:
 
     def _run_many(
         self, script: Script, calls: Sequence[tuple[Sequence[str], Sequence[Arg]]], wait: str = "",
+        lane: bool = False,
     ) -> list[Any]:
         """Run one script several times in one round trip (a pipeline), loading it if needed.
 
@@ -263,10 +264,13 @@ class Store:
         ``delayed_wait_replicas``, the pipeline ends with ``WAIT`` on the same
         connection, so the reply comes once that many replicas have the writes
         (:class:`~celery_delayed.errors.ReplicationTimeout` when they have
-        not within ``delayed_wait_replicas_timeout_ms``).
+        not within ``delayed_wait_replicas_timeout_ms``). ``lane``: one call
+        goes on this thread's own connection (:class:`~.lane.Lane`).
         """
         replicas = self.config.wait_replicas if wait else 0
         if len(calls) == 1 and not replicas:
+            if lane:  # this thread's own connection: redis-py's pool and retry bookkeeping cost more than a call
+                return [self._lanes.get().call(script, *calls[0], patient=True)]
             return [self._run(script, *calls[0])]
         if replicas and self.cluster:
             return self._run_waited_on_cluster(script, calls, wait)
@@ -645,7 +649,7 @@ class Store:
             calls.append((keys, args))
             order.append((shard, idx))
         what = f"scheduling {len(todo)} job{'s' if len(todo) != 1 else ''}"
-        replies = self._run_many(self.scripts.schedule, calls, wait=what)
+        replies = self._run_many(self.scripts.schedule, calls, wait=what, lane=True)
         moved: list[int] = []
         for n, reply in enumerate(replies):
             if reply == ["!moved"]:

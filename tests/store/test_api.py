@@ -488,3 +488,26 @@ def test_a_call_announces_task_sent_only_with_sent_events_on(
     else:
         assert "ev" not in record and "tp" in record  # a compact record: nothing to announce
         assert announced == []
+
+
+# -- the connection a call goes on ----------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_a_call_whose_connection_was_dropped_is_made_once_on_another(tapp: Celery, rclient: redis.Redis) -> None:
+    """One call goes on the thread's own connection (the ledger's lane); when that connection is
+    gone, the call is made on the client's pool, once: nothing lost, nothing twice."""
+    store = get_store(tapp)
+    first = apply_later(tapp, NAME, args=(1,), when=60)
+    lane = store._lanes.get()
+    lane.conn.send_command("CLIENT", "ID")
+    own_id = int(lane.conn.read_response())
+    assert rclient.client_kill_filter(_id=own_id) == 1
+    second = apply_later(tapp, NAME, args=(2,), when=60)
+    assert first.created and second.created
+    jobs = [k for k in rclient.scan_iter(match=f"{tapp.conf.delayed_key_prefix}:*:job:*")]
+    assert len(jobs) == 2
+    assert lane.conn is None  # dropped: the next call opens a new one
+    third = apply_later(tapp, NAME, args=(3,), when=60)
+    assert third.created and lane.conn is not None
+    assert {store.get(h.id)["st"] for h in (first, second, third)} == {"SCHEDULED"}
