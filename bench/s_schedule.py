@@ -111,9 +111,9 @@ def _round_trip_floor(app: Any, n: int) -> Callable[[], None]:
     seen: list[tuple[Any, Any]] = []
     run_many = store._run_many
 
-    def grab(script: Any, calls: Any, wait: str = "") -> list[Any]:
+    def grab(script: Any, calls: Any, *args: Any, **kwargs: Any) -> list[Any]:
         seen.extend(calls)
-        return run_many(script, calls, wait)
+        return run_many(script, calls, *args, **kwargs)
 
     store._run_many = grab  # type: ignore[method-assign]
     try:  # a call of a shard the template was sent to already (not the first: that one carries it)
