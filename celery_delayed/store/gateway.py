@@ -128,6 +128,8 @@ class Store:
         self._templates_sent: set[tuple[int, str]] = set()
         #: templates read back from the server, by id (a template never changes: its id is its digest)
         self._templates: dict[str, Template] = {}
+        #: schedule.lua's keys and leading arguments, by what decides them (:meth:`_call_head`)
+        self._heads: dict[tuple[Any, ...], tuple[Mapping[str, str], list[str], list[Arg]]] = {}
         #: A test clock (epoch ms) that every script takes as its "now" instead of the Redis
         #: server's (``celery_delayed.testing``); None in production.
         self.clock: Callable[[], int] | None = None
@@ -621,24 +623,19 @@ class Store:
         order: list[tuple[int, list[int]]] = []
         compact: list[Template | None] = []
         for (shard, _), idx in groups.items():
-            sk = self.keys.shard(shard)
-            common = jobs[idx[0]].common or {}
-            shared = [x for f in NEW_JOB_FIELDS if common.get(f) for x in (f, common[f])]
-            keys = [sk.due, sk.buckets, sk.next]
-            tmpl = jobs[idx[0]].template
+            first = jobs[idx[0]]
+            common = first.common or {}
+            tmpl = first.template
             compact.append(tmpl)
-            if tmpl is not None:  # compact jobs: their template's key, and what the index needs
-                keys.append(sk.template(tmpl.tid))
-                route = tmpl.fields
-                shared += ["~task", route.get(Field.TASK, ""), "~q", route.get(Field.QUEUE, ""),
-                           "~keep", str(self.config.record_ttl_ms)]
-                if (shard, tmpl.tid) not in self._templates_sent:
-                    shared += ["~tpl", tmpl.text]
-            present = set().union(*(jobs[i].fields.keys() for i in idx))
-            own = [f for f in NEW_JOB_FIELDS
-                   if f in present and f not in common and any(jobs[i].fields.get(f) for i in idx)]
-            args: list[Arg] = [self._now(now_ms), sk.job_prefix, self.config.bucket_ms, self.keys.wake,
-                               f"{shard}/{self._shards}", len(shared) // 2, *shared, len(own), *own]
+            if len(idx) == 1:
+                fields = first.fields
+                own = [f for f in NEW_JOB_FIELDS if f not in common and fields.get(f)]
+            else:
+                present = set().union(*(jobs[i].fields.keys() for i in idx))
+                own = [f for f in NEW_JOB_FIELDS
+                       if f in present and f not in common and any(jobs[i].fields.get(f) for i in idx)]
+            keys, head = self._call_head(shard, common, tmpl, own)
+            args: list[Arg] = [self._now(now_ms), *head]
             if own == ["msg"]:
                 for i in idx:
                     args += (jobs[i].id, jobs[i].due, jobs[i].fields["msg"])
@@ -675,6 +672,36 @@ class Store:
                     state, due, gen = [*entry.split("|"), "", ""][:3]
                     out[i] = Scheduled(jobs[i].id, shard, int(float(due or 0)), False, state, int(gen or 0))
         return moved
+
+    def _call_head(self, shard: int, common: Mapping[str, str], tmpl: Template | None,
+                   own: list[str]) -> tuple[list[str], list[Arg]]:
+        """schedule.lua's keys, and its arguments after ``now`` up to the jobs' own (see the script).
+
+        Cached per shard, shared fields (one mapping for many jobs), template
+        (and whether this store sent it there) and own field names.
+        """
+        sent = tmpl is not None and (shard, tmpl.tid) in self._templates_sent
+        key = (shard, id(common), None if tmpl is None else tmpl.tid, sent, self._shards, *own)
+        hit = self._heads.get(key)
+        if hit is not None and hit[0] is common:
+            return hit[1], hit[2]
+        sk = self.keys.shard(shard)
+        shared = [x for f in NEW_JOB_FIELDS if common.get(f) for x in (f, common[f])]
+        keys = [sk.due, sk.buckets, sk.next]
+        if tmpl is not None:  # compact jobs: their template's key, and what the index needs
+            keys.append(sk.template(tmpl.tid))
+            route = tmpl.fields
+            shared += ["~task", route.get(Field.TASK, ""), "~q", route.get(Field.QUEUE, ""),
+                       "~keep", str(self.config.record_ttl_ms)]
+            if not sent:
+                shared += ["~tpl", tmpl.text]
+        head: list[Arg] = [sk.job_prefix, self.config.bucket_ms, self.keys.wake, f"{shard}/{self._shards}",
+                           len(shared) // 2, *shared, len(own), *own]
+        if common and sent:  # (an empty mapping is a new one each time; an unsent template's call is sent once)
+            if len(self._heads) >= 1024:
+                self._heads.clear()
+            self._heads[key] = (common, keys, head)
+        return keys, head
 
     def schedule_keyed(
         self, job: NewJob, mode: str, key: str, limit_ms: int | None, now_ms: int | None = None,
