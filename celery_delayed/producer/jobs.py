@@ -270,8 +270,7 @@ class PlainCalls:
     __slots__ = ("common", "compact", "expires", "name", "parent_id", "root_id", "store", "task", "tmpl", "tz")
 
     def __init__(self, store: Store, tmpl: Template, common: dict[str, str], compact: CompactTemplate,
-                 root_id: Any, parent_id: Any, tz: Any, expires: Any = None, name: str = "",
-                 task: Any = None) -> None:
+                 root_id: Any, parent_id: Any, tz: Any, expires: Any, name: str, task: Any) -> None:
         self.store, self.tmpl, self.common, self.compact, self.tz = store, tmpl, common, compact, tz
         self.root_id, self.parent_id = root_id, parent_id
         self.expires = expires
