@@ -12,13 +12,20 @@ from celery_delayed.store.health import ServerHealth
 
 
 def _fill(client: redis.Redis) -> None:
-    """Write filler keys until Redis refuses (maxmemory, noeviction)."""
+    """Write filler keys until Redis refuses (maxmemory, noeviction), then leave it over its limit.
+
+    Refused once, Redis sits a few KB under maxmemory, and idle connections' buffers it frees later move
+    it further under: a write could then pass. maxmemory is lowered under what is used, so that the
+    store is full for every write that follows, as a store that has been full for a while is.
+    """
     i = 0
     try:
         while i < 1_000_000:
             client.set(f"filler:{i}", "x" * 4096)
             i += 1
     except redis.exceptions.OutOfMemoryError:
+        used = int(client.info("memory")["used_memory"])
+        client.config_set("maxmemory", used - 256 * 1024)
         return
     raise AssertionError("Redis never filled up")
 
