@@ -23,7 +23,14 @@ from typing import Any
 
 import redis
 from celery import Celery
-from redis.exceptions import AskError, ClusterDownError, NoScriptError, ResponseError, TryAgainError
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    NoScriptError,
+    OutOfMemoryError,
+    ResponseError,
+    TryAgainError,
+)
 
 from ..config import DelayedConfig, broker_url, get_config, is_sentinel_url
 from ..errors import (
@@ -258,7 +265,7 @@ class Store:
 
     def _run_many(
         self, script: Script, calls: Sequence[tuple[Sequence[str], Sequence[Arg]]], wait: str = "",
-        lane: bool = False,
+        lane: bool = False, atomic: bool = False,
     ) -> list[Any]:
         """Run one script several times in one round trip (a pipeline), loading it if needed.
 
@@ -268,6 +275,12 @@ class Store:
         (:class:`~celery_delayed.errors.ReplicationTimeout` when they have
         not within ``delayed_wait_replicas_timeout_ms``). ``lane``: one call
         goes on this thread's own connection (:class:`~.lane.Lane`).
+        ``atomic``: several calls go in one ``MULTI``/``EXEC`` (not on a Redis
+        Cluster, whose transactions hold one slot), so a store reaching
+        ``maxmemory`` part way refuses all of them: Redis decides a
+        transaction's out-of-memory state once, when ``EXEC`` starts (and
+        refuses to queue a command while full), where a pipeline's scripts
+        are each judged as they come.
         """
         replicas = self.config.wait_replicas if wait else 0
         if len(calls) == 1 and not replicas:
@@ -281,14 +294,21 @@ class Store:
         waits: list[Any] = []  # the WAIT reply of each attempt that wrote something
         loads, deadline, delay = 0, 0.0, 0.05
         while True:
-            pipe = self.client.pipeline(transaction=False)
+            pipe = self.client.pipeline(transaction=False)  # (MULTI by hand: WAIT must follow EXEC, not join it)
+            tx = atomic and len(todo) > 1 and not self.cluster
+            if tx:
+                pipe.execute_command("MULTI")  # type: ignore[no-untyped-call]
             for i in todo:
                 script.queue(pipe, *calls[i])
+            if tx:
+                pipe.execute_command("EXEC")  # type: ignore[no-untyped-call]
             if replicas:
                 pipe.execute_command(  # type: ignore[no-untyped-call]
                     "WAIT", replicas, self.config.wait_replicas_timeout_ms)
             replies = pipe.execute(raise_on_error=False)
             waited = replies.pop() if replicas else None
+            if tx:
+                replies = _executed(replies)
             retry, missing, refused = [], False, None
             for i, reply in zip(todo, replies, strict=True):
                 if isinstance(reply, NoScriptError):
@@ -646,7 +666,7 @@ class Store:
             calls.append((keys, args))
             order.append((shard, idx))
         what = f"scheduling {len(todo)} job{'s' if len(todo) != 1 else ''}"
-        replies = self._run_many(self.scripts.schedule, calls, wait=what, lane=True)
+        replies = self._run_many(self.scripts.schedule, calls, wait=what, lane=True, atomic=True)
         moved: list[int] = []
         for n, reply in enumerate(replies):
             if reply == ["!moved"]:
@@ -1533,6 +1553,23 @@ class Store:
                 if len(ids) < batch:
                     break
         return out
+
+
+def _executed(replies: list[Any]) -> list[Any]:
+    """The replies of the commands of a pipelined ``MULTI`` ... ``EXEC``, from the pipeline's replies.
+
+    A transaction Redis refused (a command refused while queued, such as one
+    refused at ``maxmemory``: ``EXECABORT``) ran nothing: the refusal is raised.
+    """
+    started, *queued, done = replies
+    if isinstance(done, Exception):
+        for reply in (started, *queued):
+            if isinstance(reply, Exception):
+                raise reply
+        if "OOM" in str(done):  # refused at EXEC (Redis < 7.0 judges a transaction's memory there)
+            raise OutOfMemoryError(str(done)) from done
+        raise done
+    return list(done)
 
 
 def _record(results: list[Any], i: int, reply: Any, retry: list[int]) -> bool:

@@ -50,6 +50,49 @@ def test_a_full_store_refuses_jobs_with_a_typed_error_and_writes_nothing(full_se
     assert sorted(client.scan_iter(f"t{uid}:*")) == before  # nothing half-written
 
 
+@pytest.mark.timeout(120)
+def test_a_batch_over_many_shards_that_reaches_maxmemory_part_way_is_written_whole_or_not_at_all(uid):
+    # One schedule.lua per shard: in a plain pipeline Redis judges each script's memory as it comes, so
+    # the first shards' jobs could be written and the rest refused. In one MULTI/EXEC it is judged once.
+    # The limit is swept over the memory the batch takes, through the band where a pipeline split it.
+    calls = [{"args": ("x" * 2000,), "when": 60} for _ in range(400)]
+    with RedisServer("--maxmemory-policy", "noeviction") as server:
+        client = redis.Redis.from_url(server.url, decode_responses=True)
+
+        def jobs(prefix: str) -> int:
+            return sum(1 for _ in client.scan_iter(f"{prefix}:*:job:*", count=1000))
+
+        def attempt(n: int, headroom: int | None) -> tuple[str, int]:
+            app = make_app(server.url, f"{uid}{n}", delayed_shards=8)
+            apply_later(app, "t.full", when=60, strict=False)  # the store and its scripts exist
+            client.config_set("maxmemory", 0)
+            used = int(client.info("memory")["used_memory"])
+            if headroom is not None:
+                client.config_set("maxmemory", used + headroom)
+            try:
+                apply_later_many(app, "t.full", calls, strict=False)
+                outcome = "written"
+            except StoreFull:
+                outcome = "refused"
+            client.config_set("maxmemory", 0)
+            grew = int(client.info("memory")["used_memory"]) - used
+            kept = jobs(f"t{uid}{n}") - 1
+            for key in client.scan_iter(f"t{uid}{n}:*", count=1000):
+                client.delete(key)
+            return outcome, kept if outcome == "refused" else grew
+
+        outcome, grew = attempt(0, None)
+        assert outcome == "written" and grew > 0
+        seen = set()
+        for n in range(1, 41):
+            headroom = grew * n // 40
+            outcome, kept = attempt(n, headroom)
+            seen.add(outcome)
+            if outcome == "refused":
+                assert kept == 0, f"{kept} of {len(calls)} jobs kept after StoreFull (headroom {headroom} B)"
+        assert seen == {"written", "refused"}
+
+
 @pytest.mark.timeout(60)
 def test_a_store_within_one_percent_of_maxmemory_is_reported_full(uid):
     # Filled until a write is refused, Redis stays a few KB under maxmemory (the refused value is freed):

@@ -27,6 +27,7 @@ from celery_delayed import (
     Store,
     StoreUnavailable,
     apply_later,
+    apply_later_many,
     cancel,
     get_store,
 )
@@ -144,6 +145,10 @@ def test_wait_replicas_waits_for_the_replica(group, redis_url, uid):
         store.reschedule(h.id, "+1000")
         assert cancel(app, h.id) == "SCHEDULED"
         assert replica.hget(store.keys.shard(h.shard).job(h.id), "st") == "CANCELLED"
+        # A batch over several shards (one MULTI/EXEC, then WAIT): every record is on the replica.
+        hs = apply_later_many(app, "e2e.mark", ({"args": (i,), "when": 3600} for i in range(40)), strict=False)
+        assert len({x.shard for x in hs}) > 1
+        assert [replica.hget(store.keys.shard(x.shard).job(x.id), "st") for x in hs] == ["SCHEDULED"] * 40
     finally:
         replica.close()
 
