@@ -18,6 +18,10 @@ import tempfile
 import time
 from pathlib import Path
 
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
 __all__ = ["RedisServer", "ensure_redis_server", "free_port"]
 
 
@@ -67,25 +71,14 @@ def _ping(port: int) -> bool:
 
 def _server_pid(port: int, password: str | None = None) -> int | None:
     """The ``process_id`` of the server on ``port`` by ``INFO server``; None if it refuses or is not up."""
+    client = redis.Redis("127.0.0.1", port, password=password, socket_timeout=0.5, socket_connect_timeout=0.5,
+                         retry=Retry(NoBackoff(), 0))
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
-            if password is not None:  # a pipeline: AUTH's reply comes first
-                s.sendall(b"*2\r\n$4\r\nAUTH\r\n$%d\r\n%s\r\n" % (len(password.encode()), password.encode()))
-                if not s.recv(5).startswith(b"+OK"):
-                    return None
-            s.sendall(b"INFO server\r\n")
-            data = b""
-            while not data.startswith(b"-"):  # an error: e.g. -NOAUTH
-                chunk = s.recv(4096)
-                if not chunk:
-                    break
-                data += chunk
-                _, found, rest = data.partition(b"process_id:")
-                if found and b"\r\n" in rest:
-                    return int(rest.split(b"\r\n", 1)[0])
-    except OSError:
-        pass
-    return None
+        return int(client.info("server")["process_id"])
+    except (OSError, redis.RedisError):  # not up, loading, or INFO refused (a password, an ACL user)
+        return None
+    finally:
+        client.close()
 
 
 class RedisServer:
