@@ -677,6 +677,8 @@ class Store:
                 continue
             shard = order[n][0]
             if reply == ["!tpl"]:  # the server has not got the template (first use, or it was lost): send it
+                # (Lost: a week after its last job's due time, or with a restart that lost data. In a batch
+                # over several shards, the other shards' jobs are written by now, in the same MULTI/EXEC.)
                 keys, args = calls[n]
                 at = 6 + 2 * int(args[5])
                 args = [*args[:5], int(args[5]) + 1, *args[6:at], "~tpl", tmpl.text, *args[at:]]
