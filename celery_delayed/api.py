@@ -181,11 +181,14 @@ def _apply_keyed(app: Celery, name: str, args: Sequence[Any] | None, kwargs: Map
 def apply_later_many(
     app: Celery, name: str, calls: Iterable[Mapping[str, Any]], *, strict: bool = True, connection: Any = None,
 ) -> list[DelayedResult]:
-    """Schedule many jobs of one task in few round trips (one per call, all shards pipelined).
+    """Schedule many jobs of one task in one round trip (one script call per shard, in one ``MULTI``/``EXEC``).
 
     Each item of ``calls`` is a mapping of ``apply_later`` keyword arguments
     (``args``, ``kwargs``, ``when``, ``task_id``, options ...). Every call is
-    validated before anything is written: one bad item stores nothing.
+    validated before anything is written: one bad item stores nothing. A
+    store at ``maxmemory`` refuses the whole batch (``StoreFull``), also when
+    it fills up part way; on a Redis Cluster each shard's part is written on
+    its own.
     """
     task = lookup_task(app, name, strict)
     defaults = task_defaults(task) if task is not None else {}

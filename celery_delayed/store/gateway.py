@@ -592,6 +592,9 @@ class Store:
     def schedule(self, jobs: Sequence[NewJob], now_ms: int | None = None) -> list[Scheduled]:
         """Store jobs (``schedule.lua``): one script call per shard, all shards in one round trip.
 
+        Several calls go in one ``MULTI``/``EXEC`` (not on a Redis Cluster):
+        a store reaching ``maxmemory`` part way refuses them all.
+
         Returns one :class:`Scheduled` per job, in order. A job whose id is
         taken keeps the record that was there (``created`` is False).
         """
