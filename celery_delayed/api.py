@@ -16,7 +16,7 @@ from celery import Celery
 
 from .announce import shared as shared_announcer
 from .cancellation import cancel_job
-from .errors import ConfigurationError, DuplicateJob, InvalidOption
+from .errors import ConfigurationError, DuplicateJob, InvalidOption, StoreFull
 from .producer.jobs import PlainCalls, Prepared, job_id_for_key, lookup_task, prepare, refuse_taken
 from .producer.keyed import KeyedSpec, keyed_spec
 from .producer.message import parent_ids, task_defaults
@@ -55,7 +55,12 @@ def store_prepared(app: Celery, prepared: Sequence[Prepared], connection: Any = 
         return store_with_rows(app, store, rows, prepared, connection)
     if connection is not None:
         raise ConfigurationError("connection= needs delayed_database_url (the jobs are rows of that database)")
-    results = store.schedule([p.job for p in prepared])
+    try:
+        results = store.schedule([p.job for p in prepared])
+    except StoreFull as exc:  # (a Redis Cluster with one node full: the handles of the jobs stored anyway)
+        exc.written = {i: DelayedResult(res.id, store=store, shard=res.shard, due_ms=res.due_ms,
+                                        created=res.created) for i, res in exc.written.items()}
+        raise
     for _ in range(_GENERATION_TRIES):
         again = [(i, p.regenerate) for i, (p, res) in enumerate(zip(prepared, results, strict=True))
                  if not res.created and p.regenerate is not None and res.state == JobState.CANCELLED]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class DelayedError(Exception):
     """Base class of every celery-delayed error."""
@@ -72,9 +74,20 @@ class LeaseLost(DelayedError):
 class StoreFull(StoreUnavailable):
     """Redis refused a write because it reached ``maxmemory`` (policy ``noeviction``).
 
-    Nothing was written. A subclass of :class:`StoreUnavailable`, so callers
-    that retry an unreachable store retry a full one the same way.
+    Nothing was written, except on a Redis Cluster, where a batch's shards
+    live on several nodes and one full node refuses only its own: then
+    ``written`` maps the position (in the calls given) of each job stored
+    anyway to its handle (:class:`~celery_delayed.result.DelayedResult`
+    from ``apply_later_many``; a :class:`~celery_delayed.store.records.Scheduled`
+    from ``Store.schedule``). It is empty when nothing was written.
+
+    A subclass of :class:`StoreUnavailable`, so callers that retry an
+    unreachable store retry a full one the same way.
     """
+
+    def __init__(self, message: str, written: dict[int, Any] | None = None) -> None:
+        super().__init__(message)
+        self.written: dict[int, Any] = dict(written or {})
 
 
 class ReplicationTimeout(DelayedError):

@@ -40,6 +40,7 @@ from ..errors import (
     JobNotFound,
     LeaseLost,
     ReplicationTimeout,
+    StoreFull,
     StoreUnavailable,
     raise_for,
 )
@@ -309,7 +310,7 @@ class Store:
             waited = replies.pop() if replicas else None
             if tx:
                 replies = _executed(replies)
-            retry, missing, refused = [], False, None
+            retry, missing, refused, full = [], False, None, None
             for i, reply in zip(todo, replies, strict=True):
                 if isinstance(reply, NoScriptError):
                     retry.append(i)
@@ -318,10 +319,16 @@ class Store:
                     # A slot migration refused it (redis-py's pipeline gave up): it did not run.
                     retry.append(i)
                     refused = reply
+                elif isinstance(reply, OutOfMemoryError) and atomic:
+                    full = full or reply  # (a cluster: one full node refuses only its own calls)
                 elif isinstance(reply, Exception):
                     raise reply
                 else:
                     results[i] = reply
+            if full is not None:
+                if any(r is not None for r in results):
+                    raise PartlyWritten(results, full)
+                raise full
             if replicas and len(retry) < len(todo):
                 waits.append(waited)
             if not retry:
@@ -669,7 +676,19 @@ class Store:
             calls.append((keys, args))
             order.append((shard, idx))
         what = f"scheduling {len(todo)} job{'s' if len(todo) != 1 else ''}"
-        replies = self._run_many(self.scripts.schedule, calls, wait=what, lane=True, atomic=True)
+        try:
+            replies = self._run_many(self.scripts.schedule, calls, wait=what, lane=True, atomic=True)
+        except PartlyWritten as part:  # a Redis Cluster with one node full: say which jobs are stored
+            written = {i: s for n, reply in enumerate(part.results) if isinstance(reply, list)
+                       and reply and reply[0] not in ("!moved", "!tpl")
+                       for i, s in zip(order[n][1], _scheduled(jobs, order[n][0], order[n][1], reply), strict=True)}
+            raise StoreFull(
+                f"a node of the celery-delayed store's Redis Cluster at {redact(self.url)} is full (Redis "
+                f"maxmemory reached; {part.error}): it refused the jobs of its shards. {len(written)} of the "
+                f"{len(todo)} jobs were written, on the other nodes (StoreFull.written: their positions and "
+                "handles), the rest were not. Release or purge jobs, or raise that node's maxmemory, then "
+                "schedule the calls not written (calling again with the same task_ids is safe: a job stored "
+                "already is not doubled)", written) from part.error
         moved: list[int] = []
         for n, reply in enumerate(replies):
             if reply == ["!moved"]:
@@ -690,12 +709,8 @@ class Store:
         for (shard, idx), reply in zip(order, replies, strict=True):
             if reply == ["!moved"]:
                 continue
-            for i, entry in zip(idx, reply, strict=True):
-                if entry.startswith("="):
-                    out[i] = Scheduled(jobs[i].id, shard, int(entry[1:]), True, JobState.SCHEDULED)
-                else:
-                    state, due, gen = [*entry.split("|"), "", ""][:3]
-                    out[i] = Scheduled(jobs[i].id, shard, int(float(due or 0)), False, state, int(gen or 0))
+            for i, scheduled in zip(idx, _scheduled(jobs, shard, idx, reply), strict=True):
+                out[i] = scheduled
         return moved
 
     def _call_head(self, shard: int, common: Mapping[str, str], tmpl: Template | None,
@@ -1558,6 +1573,31 @@ class Store:
                 if len(ids) < batch:
                     break
         return out
+
+
+class PartlyWritten(Exception):
+    """Some calls of an ``atomic`` :meth:`Store._run_many` on a Redis Cluster ran, others were refused.
+
+    ``results``: each call's reply, None for one that did not run; ``error``:
+    the refusal (one node of the cluster at ``maxmemory``).
+    """
+
+    def __init__(self, results: list[Any], error: Exception) -> None:
+        super().__init__(str(error))
+        self.results = results
+        self.error = error
+
+
+def _scheduled(jobs: Sequence[NewJob], shard: int, idx: Sequence[int], reply: Sequence[str]) -> list[Scheduled]:
+    """The outcome of each job of one ``schedule.lua`` call (``jobs[i]`` for i in ``idx``) from its reply."""
+    out = []
+    for i, entry in zip(idx, reply, strict=True):
+        if entry.startswith("="):
+            out.append(Scheduled(jobs[i].id, shard, int(entry[1:]), True, JobState.SCHEDULED))
+        else:
+            state, due, gen = [*entry.split("|"), "", ""][:3]
+            out.append(Scheduled(jobs[i].id, shard, int(float(due or 0)), False, state, int(gen or 0)))
+    return out
 
 
 def _executed(replies: list[Any]) -> list[Any]:

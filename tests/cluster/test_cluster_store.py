@@ -18,7 +18,7 @@ from redis.cluster import RedisCluster
 from support import SchedulerProcess, WorkerProcess, make_app, run_celery, wait_for
 
 from celery_delayed import apply_later, apply_later_many, cancel, dlq, get_store, reschedule
-from celery_delayed.errors import ConfigurationError, StoreUnavailable
+from celery_delayed.errors import ConfigurationError, StoreFull, StoreUnavailable
 from celery_delayed.scheduler import Scheduler
 from celery_delayed.store import Store
 from celery_delayed.store.health import ServerHealth
@@ -196,6 +196,40 @@ def test_server_checks_ask_every_master(redis_url, cluster_url, uid, redis_clust
     finally:
         last.config_set("maxmemory-policy", old)
         last.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_batch_refused_by_one_full_node_says_which_jobs_the_other_nodes_stored(redis_url, cluster_url, uid,
+                                                                                redis_cluster, cclient):
+    # A batch's shards live on three masters, each with its own maxmemory: one full node refuses only
+    # its own calls. The error must not say "nothing was written", and must say what was.
+    app = capp(redis_url, cluster_url, uid)
+    store = get_store(app)
+    apply_later(app, "t.full", when=60, strict=False)  # the store exists
+
+    def pending() -> set[str]:
+        return {str(j) for i in range(store.shards) for j in cclient.zrange(store.keys.shard(i).due, 0, -1)}
+
+    before = pending()
+    full = redis.Redis(port=redis_cluster.nodes[0].port)
+    full.config_set("maxmemory", 1)
+    calls = [{"args": (i,), "when": 60} for i in range(48)]
+    try:
+        with pytest.raises(StoreFull) as err:
+            apply_later_many(app, "t.full", calls, strict=False)
+        written = err.value.written
+        assert 0 < len(written) < len(calls)
+        assert f"{len(written)} of the 48 jobs were written" in str(err.value)
+        assert "nothing was written" not in str(err.value) and "maxmemory" in str(err.value)
+        assert pending() - before == {h.id for h in written.values()}  # exactly those, and stored
+        assert all(cclient.get_node_from_key(store.keys.shard(h.shard).due).port != redis_cluster.nodes[0].port
+                   for h in written.values())
+    finally:
+        full.config_set("maxmemory", 0)
+        full.close()
+    # Room again: the calls not written are scheduled, and every call has one job.
+    rest = apply_later_many(app, "t.full", [c for i, c in enumerate(calls) if i not in written], strict=False)
+    assert len(pending() - before) == len(calls) == len(rest) + len(written)
 
 
 @pytest.mark.timeout(60)

@@ -46,6 +46,7 @@ def test_a_full_store_refuses_jobs_with_a_typed_error_and_writes_nothing(full_se
     with pytest.raises(StoreFull, match="is full") as info:
         apply_later_many(app, "t.full", ({"args": ("x" * 2000,), "when": 60} for _ in range(200)), strict=False)
     assert isinstance(info.value, (DelayedError, StoreUnavailable))
+    assert info.value.written == {}
     assert "maxmemory" in str(info.value) and "noeviction" in str(info.value)
     assert sorted(client.scan_iter(f"t{uid}:*")) == before  # nothing half-written
 
