@@ -373,6 +373,7 @@ class Store:
                 by_node[node.name].append(i)
                 nodes[node.name] = node
             retry: list[int] = []
+            full: Exception | None = None
             for name, idx in by_node.items():
                 conn = cluster.get_redis_connection(nodes[name])
                 pending = idx
@@ -386,7 +387,9 @@ class Store:
                     missing = [i for i, r in zip(pending, replies, strict=True) if isinstance(r, NoScriptError)]
                     wrote = False
                     for i, reply in zip(pending, replies, strict=True):
-                        if not isinstance(reply, NoScriptError):
+                        if isinstance(reply, OutOfMemoryError):  # this node is full; the others go on
+                            full = full or reply
+                        elif not isinstance(reply, NoScriptError):
                             wrote |= _record(results, i, reply, retry)
                     if wrote:
                         self._check_replicas(waited, what)
@@ -396,6 +399,10 @@ class Store:
                         raise RuntimeError(f"script {script.name} could not be loaded")
                     script.ensure_loaded(conn)  # a master that never ran it
                     pending = missing
+            if full is not None:
+                if any(r is not None for r in results):
+                    raise PartlyWritten(results, full)
+                raise full
             if not retry:
                 return results
             now = time.monotonic()

@@ -18,7 +18,7 @@ from redis.cluster import RedisCluster
 from support import SchedulerProcess, WorkerProcess, make_app, wait_for
 
 from celery_delayed import apply_later, apply_later_many, cancel, get_store, reschedule
-from celery_delayed.errors import DelayedError, ReplicationTimeout
+from celery_delayed.errors import DelayedError, ReplicationTimeout, StoreFull
 
 pytestmark = pytest.mark.e2e
 
@@ -70,6 +70,19 @@ def test_an_acknowledged_write_is_on_the_replica_when_the_call_returns(redis_url
         apply_later(strict, "e2e.plain", when=3600, strict=False)
     with pytest.raises(ReplicationTimeout):
         apply_later_many(strict, "e2e.plain", [{"args": (i,), "when": 3600} for i in range(50)], strict=False)
+    # one master full: the other masters' jobs are written, replicated, and named in StoreFull.written
+    first = replicated.nodes[0]
+    full = redis.Redis(port=first.port)
+    assert full.execute_command("ROLE")[0] == b"master"
+    full.config_set("maxmemory", 1)
+    try:
+        with pytest.raises(StoreFull) as err:
+            apply_later_many(app, "e2e.plain", [{"args": (i,), "when": 3600} for i in range(48)], strict=False)
+    finally:
+        full.config_set("maxmemory", 0)
+        full.close()
+    assert 0 < len(err.value.written) < 48 and "nothing was written" not in str(err.value)
+    assert all(on_replica(h).get("st") == "SCHEDULED" for h in err.value.written.values())
     for r in replicas.values():
         r.close()
     cclient.close()
