@@ -1618,7 +1618,7 @@ def _executed(replies: list[Any]) -> list[Any]:
         for reply in (started, *queued):
             if isinstance(reply, Exception):
                 raise reply
-        if "OOM" in str(done):  # refused at EXEC (Redis < 7.0 judges a transaction's memory there)
+        if "OOM" in str(done):  # EXEC itself refused ("EXECABORT ... because of: OOM ..."): nothing ran
             raise OutOfMemoryError(str(done)) from done
         raise done
     return list(done)
