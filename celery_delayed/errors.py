@@ -75,10 +75,12 @@ class StoreFull(StoreUnavailable):
     """Redis refused a write because it reached ``maxmemory`` (policy ``noeviction``).
 
     Nothing was written, except on a Redis Cluster, where a batch's shards
-    live on several nodes and one full node refuses only its own: then
-    ``written`` maps the position (in the calls given) of each job stored
-    anyway to its handle (:class:`~celery_delayed.result.DelayedResult`
-    from ``apply_later_many``; a :class:`~celery_delayed.store.records.Scheduled`
+    live on several nodes and one full node refuses only its own, or in a
+    batch that took a second round trip (a shard whose template Redis lost,
+    jobs a reshard moved) when Redis filled up in between: then ``written``
+    maps the position (in the calls given) of each job stored anyway to its
+    handle (:class:`~celery_delayed.result.DelayedResult` from
+    ``apply_later_many``; a :class:`~celery_delayed.store.records.Scheduled`
     from ``Store.schedule``). It is empty when nothing was written.
 
     A subclass of :class:`StoreUnavailable`, so callers that retry an

@@ -620,12 +620,34 @@ class Store:
                 jobs = [j if j.shard == self._home(j) else rehome(j, self._home(j)) for j in jobs]
                 if self._moving_from:
                     todo = self._held_elsewhere(jobs, todo, out)
-            moved = self._schedule(jobs, todo, out, now_ms)
+            try:
+                moved = self._schedule(jobs, todo, out, now_ms)
+            except OutOfMemoryError as exc:
+                self._refused_part_way(out, exc)
+                raise
             if not moved:
                 return [s for s in out if s is not None]
             self.reload_layout()  # a reshard sealed their shards: read the new count and place them again
             todo = moved
         raise StoreUnavailable(f"{len(todo)} job(s) could not be placed: the store's layout keeps changing (a reshard)")
+
+    def _refused_part_way(self, out: list[Scheduled | None], exc: OutOfMemoryError) -> None:
+        """Raise :class:`StoreFull` naming the jobs stored before Redis refused the rest, if any were.
+
+        A single Redis refuses a batch whole (one ``MULTI``/``EXEC``), unless a
+        second round trip was needed: a shard whose template was lost, or jobs a
+        reshard moved. A Redis Cluster writes each node's shards on their own.
+        """
+        written = {i: s for i, s in enumerate(out) if s is not None}
+        if not written:
+            return  # nothing was written: the caller raises the refusal itself
+        where = ", on the other nodes of the Redis Cluster," if self.cluster else ""
+        raise StoreFull(
+            f"the celery-delayed store at {redact(self.url)} is full (Redis maxmemory reached; {exc}): "
+            f"{len(written)} of the {len(out)} jobs were written{where} before it refused the rest "
+            "(StoreFull.written: their positions and handles). Release or purge jobs, or raise maxmemory, then "
+            "schedule the calls not written (calling again with the same task_ids is safe: a job stored "
+            "already is not doubled)", written) from exc
 
     def _home(self, job: NewJob) -> int:
         """The shard ``job`` belongs in under the layout's count (by its shard key, else its id)."""
@@ -685,17 +707,10 @@ class Store:
         what = f"scheduling {len(todo)} job{'s' if len(todo) != 1 else ''}"
         try:
             replies = self._run_many(self.scripts.schedule, calls, wait=what, lane=True, atomic=True)
-        except PartlyWritten as part:  # a Redis Cluster with one node full: say which jobs are stored
-            written = {i: s for n, reply in enumerate(part.results) if isinstance(reply, list)
-                       and reply and reply[0] not in ("!moved", "!tpl")
-                       for i, s in zip(order[n][1], _scheduled(jobs, order[n][0], order[n][1], reply), strict=True)}
-            raise StoreFull(
-                f"a node of the celery-delayed store's Redis Cluster at {redact(self.url)} is full (Redis "
-                f"maxmemory reached; {part.error}): it refused the jobs of its shards. {len(written)} of the "
-                f"{len(todo)} jobs were written, on the other nodes (StoreFull.written: their positions and "
-                "handles), the rest were not. Release or purge jobs, or raise that node's maxmemory, then "
-                "schedule the calls not written (calling again with the same task_ids is safe: a job stored "
-                "already is not doubled)", written) from part.error
+        except PartlyWritten as part:  # a Redis Cluster with one node full: keep what the others wrote
+            _keep(jobs, order, part.results, out)
+            raise part.error from None
+        _keep(jobs, order, replies, out)
         moved: list[int] = []
         for n, reply in enumerate(replies):
             if reply == ["!moved"]:
@@ -711,13 +726,8 @@ class Store:
                 keys, args = calls[n]
                 at = 6 + 2 * int(args[5])
                 args = [*args[:5], int(args[5]) + 1, *args[6:at], "~tpl", tmpl.text, *args[at:]]
-                replies[n] = self._run_acked(self.scripts.schedule, keys, args, what)
+                _keep(jobs, [order[n]], [self._run_acked(self.scripts.schedule, keys, args, what)], out)
             self._templates_sent.add((shard, tmpl.tid))
-        for (shard, idx), reply in zip(order, replies, strict=True):
-            if reply == ["!moved"]:
-                continue
-            for i, scheduled in zip(idx, _scheduled(jobs, shard, idx, reply), strict=True):
-                out[i] = scheduled
         return moved
 
     def _call_head(self, shard: int, common: Mapping[str, str], tmpl: Template | None,
@@ -1595,16 +1605,22 @@ class PartlyWritten(Exception):
         self.error = error
 
 
-def _scheduled(jobs: Sequence[NewJob], shard: int, idx: Sequence[int], reply: Sequence[str]) -> list[Scheduled]:
-    """The outcome of each job of one ``schedule.lua`` call (``jobs[i]`` for i in ``idx``) from its reply."""
-    out = []
-    for i, entry in zip(idx, reply, strict=True):
-        if entry.startswith("="):
-            out.append(Scheduled(jobs[i].id, shard, int(entry[1:]), True, JobState.SCHEDULED))
-        else:
-            state, due, gen = [*entry.split("|"), "", ""][:3]
-            out.append(Scheduled(jobs[i].id, shard, int(float(due or 0)), False, state, int(gen or 0)))
-    return out
+def _keep(jobs: Sequence[NewJob], order: Sequence[tuple[int, list[int]]], replies: Sequence[Any],
+          out: list[Scheduled | None]) -> None:
+    """Put the outcome of each job of the ``schedule.lua`` calls that stored their jobs into ``out``.
+
+    ``order[n]``: call n's shard and the positions of its jobs; ``replies[n]``:
+    its reply (None if it did not run; ``!moved`` and ``!tpl`` stored nothing).
+    """
+    for (shard, idx), reply in zip(order, replies, strict=True):
+        if not isinstance(reply, list) or reply in (["!moved"], ["!tpl"]):
+            continue
+        for i, entry in zip(idx, reply, strict=True):
+            if entry.startswith("="):
+                out[i] = Scheduled(jobs[i].id, shard, int(entry[1:]), True, JobState.SCHEDULED)
+            else:
+                state, due, gen = [*entry.split("|"), "", ""][:3]
+                out[i] = Scheduled(jobs[i].id, shard, int(float(due or 0)), False, state, int(gen or 0))
 
 
 def _executed(replies: list[Any]) -> list[Any]:

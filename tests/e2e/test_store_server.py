@@ -94,6 +94,47 @@ def test_a_batch_over_many_shards_that_reaches_maxmemory_part_way_is_written_who
         assert seen == {"written", "refused"}
 
 
+@pytest.mark.timeout(120)
+def test_a_batch_refused_after_a_second_round_trip_names_the_jobs_it_stored(uid):
+    # One shard's template was lost (as after a week unused): that shard's call goes again, with the
+    # template, after the other shards' calls are written. If Redis fills up in between, StoreFull must
+    # name exactly the jobs stored, not say that nothing was written.
+    calls = [{"args": ("x" * 2000,), "when": 60} for _ in range(400)]
+    with RedisServer("--maxmemory-policy", "noeviction") as server:
+        client = redis.Redis.from_url(server.url, decode_responses=True)
+        app = make_app(server.url, uid, delayed_shards=8)
+        store = get_store(app)
+
+        def pending() -> set[str]:
+            return {j for i in range(store.shards) for j in client.zrange(store.keys.shard(i).due, 0, -1)}
+
+        grew, partial = 0, 0
+        for n in range(41):
+            client.config_set("maxmemory", 0)
+            apply_later_many(app, "t.full", calls[:64], strict=False)  # every shard has the template again
+            before = pending()
+            client.delete(next(iter(client.scan_iter(f"t{uid}:*:tpl:*"))))  # one shard's template, lost
+            used = int(client.info("memory")["used_memory"])
+            if n:
+                client.config_set("maxmemory", used + grew * n // 40)
+            try:
+                hs = apply_later_many(app, "t.full", calls, strict=False)
+                assert pending() - before == {h.id for h in hs}
+            except StoreFull as err:
+                stored = pending() - before
+                assert stored == {h.id for h in err.written.values()}, "StoreFull.written is not what is stored"
+                if stored:
+                    partial += 1
+                    assert f"{len(stored)} of the 400 jobs were written" in str(err)
+                    assert all(0 <= i < 400 for i in err.written)
+                else:
+                    assert "nothing was written" in str(err)
+            client.config_set("maxmemory", 0)
+            if not n:
+                grew = int(client.info("memory")["used_memory"]) - used
+        assert partial, "no headroom let the first round trip pass and refused the second"
+
+
 @pytest.mark.timeout(60)
 def test_a_store_within_one_percent_of_maxmemory_is_reported_full(uid):
     # Filled until a write is refused, Redis stays a few KB under maxmemory (the refused value is freed):
