@@ -73,6 +73,12 @@ _REFUSED_DELAY_MS = 1000
 MEMBERS_NOTICE = "members|"
 #: The "owner" of the membership notice a reshard sends when it changes the layout.
 LAYOUT_NOTICE = "~layout"
+#: A call that stores this many jobs or more may keep Redis busy longer than the client's read timeout:
+#: its reply is read on a connection of its own, whose timeout grows with the jobs (see _patient_connection).
+LONG_CALL_JOBS = 10_000
+#: The time a long call's reply is given per job, on top of the client's read timeout (Redis takes
+#: ~10-30 µs a job: 100,000 jobs in one MULTI/EXEC held it 2 s).
+LONG_CALL_S_PER_JOB = 100e-6
 
 
 #: Record fields that hold a job's message (full, or a compact record's own part).
@@ -258,15 +264,18 @@ class Store:
     def _run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Any:
         return script(self.client, keys, args)
 
-    def _run_acked(self, script: Script, keys: Sequence[str], args: Sequence[Arg], what: str) -> Any:
-        """Run a write the caller is told about: with ``delayed_wait_replicas``, wait for the replicas."""
-        if not self.config.wait_replicas:
+    def _run_acked(self, script: Script, keys: Sequence[str], args: Sequence[Arg], what: str, jobs: int = 1) -> Any:
+        """Run a write the caller is told about: with ``delayed_wait_replicas``, wait for the replicas.
+
+        ``jobs``: how many jobs the call stores (a large call's reply is waited for longer).
+        """
+        if not self.config.wait_replicas and jobs < LONG_CALL_JOBS:
             return self._run(script, keys, args)
-        return self._run_many(script, [(keys, args)], wait=what)[0]
+        return self._run_many(script, [(keys, args)], wait=what, jobs=jobs)[0]
 
     def _run_many(
         self, script: Script, calls: Sequence[tuple[Sequence[str], Sequence[Arg]]], wait: str = "",
-        lane: bool = False, atomic: bool = False,
+        lane: bool = False, atomic: bool = False, jobs: int = 0,
     ) -> list[Any]:
         """Run one script several times in one round trip (a pipeline), loading it if needed.
 
@@ -281,10 +290,13 @@ class Store:
         ``maxmemory`` part way refuses all of them: Redis decides a
         transaction's out-of-memory state once, when ``EXEC`` starts (and
         refuses to queue a command while full), where a pipeline's scripts
-        are each judged as they come.
+        are each judged as they come. ``jobs``: how many jobs the calls store
+        (at :data:`LONG_CALL_JOBS` or more, the reply is read on a connection
+        of its own with a longer timeout: :meth:`_patient_connection`).
         """
         replicas = self.config.wait_replicas if wait else 0
-        if len(calls) == 1 and not replicas:
+        long_call = jobs >= LONG_CALL_JOBS and not self.cluster
+        if len(calls) == 1 and not replicas and not long_call:
             if lane:  # this thread's own connection: redis-py's pool and retry bookkeeping cost more than a call
                 return [self._lanes.get().call(script, *calls[0], patient=True)]
             return [self._run(script, *calls[0])]
@@ -296,6 +308,9 @@ class Store:
         loads, deadline, delay = 0, 0.0, 0.05
         while True:
             pipe = self.client.pipeline(transaction=False)  # (MULTI by hand: WAIT must follow EXEC, not join it)
+            own = self._patient_connection(jobs, replicas) if long_call else None
+            if own is not None:
+                pipe.connection = own  # (the pipeline's reset offers it to the pool, which does not take it)
             tx = atomic and len(todo) > 1 and not self.cluster
             if tx:
                 pipe.execute_command("MULTI")  # type: ignore[no-untyped-call]
@@ -306,7 +321,11 @@ class Store:
             if replicas:
                 pipe.execute_command(  # type: ignore[no-untyped-call]
                     "WAIT", replicas, self.config.wait_replicas_timeout_ms)
-            replies = pipe.execute(raise_on_error=False)
+            try:
+                replies = pipe.execute(raise_on_error=False)
+            finally:
+                if own is not None:
+                    own.disconnect()
             waited = replies.pop() if replicas else None
             if tx:
                 replies = _executed(replies)
@@ -348,6 +367,35 @@ class Store:
                 time.sleep(min(delay, deadline - now))
                 delay = min(delay * 2, 0.5)
             todo = retry
+
+    def _patient_connection(self, jobs: int, replicas: int) -> Any:
+        """A connection of its own for a call storing ``jobs`` jobs, whose reply may outlast the read timeout.
+
+        Redis runs a batch's ``MULTI``/``EXEC``, and each shard's script, as
+        one command. redis-py reads every reply within the client's
+        ``socket_timeout`` (5 s by default since redis-py 8), so a large batch
+        timed out while Redis went on writing it whole. This connection (made
+        like the pool's, not taken from it) waits that timeout plus
+        :data:`LONG_CALL_S_PER_JOB` a job, and the ``WAIT`` bound with
+        ``delayed_wait_replicas``. None when the client has no read timeout.
+        A Redis Cluster's pipeline uses its nodes' own connections: there each
+        shard's script is read in turn, and only a single shard's part must
+        fit the timeout.
+        """
+        pool = self.client.connection_pool
+        conn = pool.connection_class(**pool.connection_kwargs)
+        if conn.socket_timeout is None:
+            return None
+        timeout = conn.socket_timeout + jobs * LONG_CALL_S_PER_JOB
+        if replicas:
+            timeout += self.config.wait_replicas_timeout_ms / 1000
+        conn.socket_timeout = timeout  # (read when it connects, by the socket and the reply parser)
+        if hasattr(conn, "orig_socket_timeout"):  # redis-py 8 puts socket_timeout back from it after maintenance
+            conn.orig_socket_timeout = timeout
+        # Connect now, through connect(): a Sentinel-managed connection asks the Sentinels for the
+        # master there (the pipeline's send would connect to the connection's default host instead).
+        conn.connect()
+        return conn
 
     def _run_waited_on_cluster(
         self, script: Script, calls: Sequence[tuple[Sequence[str], Sequence[Arg]]], what: str,
@@ -706,7 +754,8 @@ class Store:
             order.append((shard, idx))
         what = f"scheduling {len(todo)} job{'s' if len(todo) != 1 else ''}"
         try:
-            replies = self._run_many(self.scripts.schedule, calls, wait=what, lane=True, atomic=True)
+            replies = self._run_many(self.scripts.schedule, calls, wait=what, lane=True, atomic=True,
+                                     jobs=len(todo))
         except PartlyWritten as part:  # a Redis Cluster with one node full: keep what the others wrote
             _keep(jobs, order, part.results, out)
             raise part.error from None
@@ -726,7 +775,8 @@ class Store:
                 keys, args = calls[n]
                 at = 6 + 2 * int(args[5])
                 args = [*args[:5], int(args[5]) + 1, *args[6:at], "~tpl", tmpl.text, *args[at:]]
-                _keep(jobs, [order[n]], [self._run_acked(self.scripts.schedule, keys, args, what)], out)
+                again = self._run_acked(self.scripts.schedule, keys, args, what, jobs=len(order[n][1]))
+                _keep(jobs, [order[n]], [again], out)
             self._templates_sent.add((shard, tmpl.tid))
         return moved
 

@@ -95,6 +95,36 @@ def test_a_batch_over_many_shards_that_reaches_maxmemory_part_way_is_written_who
 
 
 @pytest.mark.timeout(120)
+def test_a_batch_that_keeps_redis_busy_past_the_socket_timeout_is_waited_for(uid):
+    # Redis runs a batch over several shards as one MULTI/EXEC, and one shard's part as one script:
+    # about 10-30 µs a job (100,000 jobs held it 2 s). redis-py reads a reply within the client's
+    # socket_timeout (5 s by default since redis-py 8), so a large batch timed out and was called a
+    # lost connection ("may or may not have been written") while Redis went on writing it whole.
+    n, limit = 40_000, 0.1
+    with RedisServer() as server:
+        client = redis.Redis.from_url(server.url, decode_responses=True)
+        app = make_app(server.url, uid, delayed_shards=8, delayed_redis_options={"socket_timeout": limit})
+        apply_later(app, "t.slow", when=60, strict=False)  # the store and its scripts exist
+
+        def busy(command: str) -> float:
+            return float(client.info("commandstats").get(f"cmdstat_{command}", {}).get("usec", 0)) / 1e6
+
+        for command, one_shard in (("exec", False), ("evalsha", True)):
+            calls = [{"args": (i,), "when": 60, **({"shard_key": "one"} if one_shard else {})} for i in range(n)]
+            client.config_resetstat()
+            handles = apply_later_many(app, "t.slow", calls, strict=False)
+            assert len(handles) == n and all(h.created for h in handles)
+            assert len({h.shard for h in handles}) == (1 if one_shard else 8)
+            assert busy(command) > limit, f"the batch took Redis only {busy(command):.3f} s: nothing was tested"
+        pending = sum(client.zcard(f"t{uid}:{{{s}}}:due") for s in range(8))
+        assert pending == 1 + 2 * n
+        # An ordinary call still has the client's own timeout: a Redis that stops answering is noticed.
+        client.execute_command("CLIENT", "PAUSE", 1500, "ALL")
+        with pytest.raises(StoreUnavailable):
+            apply_later(app, "t.slow", when=60, strict=False)
+
+
+@pytest.mark.timeout(120)
 def test_a_batch_refused_after_a_second_round_trip_names_the_jobs_it_stored(uid):
     # One shard's template was lost (as after a week unused): that shard's call goes again, with the
     # template, after the other shards' calls are written. If Redis fills up in between, StoreFull must

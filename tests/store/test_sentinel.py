@@ -153,6 +153,31 @@ def test_wait_replicas_waits_for_the_replica(group, redis_url, uid):
         replica.close()
 
 
+@pytest.mark.timeout(90)
+def test_a_batch_longer_than_the_read_timeout_is_waited_for_and_on_the_replica(group, redis_url, uid):
+    # Redis runs a batch over several shards as one MULTI/EXEC, then WAIT: the reply comes once the
+    # whole batch ran and the replica has it, later than the client's socket_timeout. It is read on a
+    # connection of the master the Sentinels name, whose timeout grows with the batch.
+    n, limit = 30_000, 0.1
+    app = make_app(redis_url, uid, delayed_redis_url=group.url, delayed_wait_replicas=1,
+                   delayed_redis_options={"master_name": group.master_name, "socket_timeout": limit})
+    store = get_store(app)
+    master = group.server_client(group.master.port)
+    replica = redis.Redis(port=group.replicas[0].port, decode_responses=True)
+    try:
+        apply_later(app, "e2e.mark", when=3600, strict=False)  # the store and its scripts exist
+        master.config_resetstat()
+        hs = apply_later_many(app, "e2e.mark", ({"args": (i,), "when": 3600} for i in range(n)), strict=False)
+        assert len(hs) == n and all(h.created for h in hs)
+        busy = float(master.info("commandstats")["cmdstat_exec"]["usec"]) / 1e6
+        assert busy > limit, f"the batch took Redis only {busy:.3f} s: nothing was tested"
+        # WAIT returned: the replica has every job of the batch (no polling).
+        assert sum(replica.zcard(store.keys.shard(s).due) for s in range(store.config.shards)) == n + 1
+    finally:
+        replica.close()
+        master.close()
+
+
 @pytest.mark.timeout(60)
 def test_too_few_replicas_raise_replication_timeout_and_lose_nothing(group, redis_url, uid):
     app = sentinel_app(group, redis_url, uid, delayed_wait_replicas=2, delayed_wait_replicas_timeout_ms=100)
