@@ -245,3 +245,22 @@ def used_memory(client: redis.Redis) -> int:
     """``INFO memory`` used_memory, bytes (after letting lazy frees finish)."""
     wait_for(lambda: int(client.info("memory").get("lazyfree_pending_objects", 0)) == 0, 10)
     return int(client.info("memory")["used_memory"])
+
+
+def settled_memory(client: redis.Redis, timeout: float = 30) -> int:
+    """:func:`used_memory` once it stops moving (at most ``timeout`` seconds).
+
+    Redis resizes its key space in the background: after many keys are
+    deleted it shrinks the table (~8 bytes a key freed), after many are added
+    it rehashes into a larger one (both tables held until it is done). Read
+    while that goes on, a fill measured after a deletion is counted short.
+    """
+    last = used_memory(client)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = used_memory(client)
+        if abs(now - last) < 64 * 1024:
+            return now
+        last = now
+    return last
