@@ -308,9 +308,6 @@ class Store:
         loads, deadline, delay = 0, 0.0, 0.05
         while True:
             pipe = self.client.pipeline(transaction=False)  # (MULTI by hand: WAIT must follow EXEC, not join it)
-            own = self._patient_connection(jobs, replicas) if long_call else None
-            if own is not None:
-                pipe.connection = own  # (the pipeline's reset offers it to the pool, which does not take it)
             tx = atomic and len(todo) > 1 and not self.cluster
             if tx:
                 pipe.execute_command("MULTI")  # type: ignore[no-untyped-call]
@@ -321,11 +318,7 @@ class Store:
             if replicas:
                 pipe.execute_command(  # type: ignore[no-untyped-call]
                     "WAIT", replicas, self.config.wait_replicas_timeout_ms)
-            try:
-                replies = pipe.execute(raise_on_error=False)
-            finally:
-                if own is not None:
-                    own.disconnect()
+            replies = self._run_patiently(pipe, jobs, replicas) if long_call else pipe.execute(raise_on_error=False)
             waited = replies.pop() if replicas else None
             if tx:
                 replies = _executed(replies)
@@ -368,6 +361,30 @@ class Store:
                 delay = min(delay * 2, 0.5)
             todo = retry
 
+    def _run_patiently(self, pipe: Any, jobs: int, replicas: int) -> list[Any]:
+        """The replies of ``pipe``'s commands, sent on a connection of its own (:meth:`_patient_connection`).
+
+        The commands go down in one write and each reply is read as redis-py's
+        pipeline reads it (the client's reply callbacks; an error reply kept
+        in its place). The connection is closed after: it never joins the pool.
+        """
+        conn = self._patient_connection(jobs, replicas)
+        if conn is None:
+            return list(pipe.execute(raise_on_error=False))
+        commands = [args for args, _options in pipe.command_stack]
+        pipe.reset()
+        try:
+            conn.send_packed_command(conn.pack_commands(commands))
+            replies: list[Any] = []
+            for args in commands:
+                try:
+                    replies.append(self.client.parse_response(conn, args[0]))  # type: ignore[no-untyped-call]
+                except ResponseError as exc:
+                    replies.append(exc)
+            return replies
+        finally:
+            conn.disconnect()
+
     def _patient_connection(self, jobs: int, replicas: int) -> Any:
         """A connection of its own for a call storing ``jobs`` jobs, whose reply may outlast the read timeout.
 
@@ -375,7 +392,7 @@ class Store:
         one command. redis-py reads every reply within the client's
         ``socket_timeout`` (5 s by default since redis-py 8), so a large batch
         timed out while Redis went on writing it whole. This connection (made
-        like the pool's, not taken from it) waits that timeout plus
+        like the pool's, never handed to it) waits that timeout plus
         :data:`LONG_CALL_S_PER_JOB` a job, and the ``WAIT`` bound with
         ``delayed_wait_replicas``. None when the client has no read timeout.
         A Redis Cluster's pipeline uses its nodes' own connections: there each

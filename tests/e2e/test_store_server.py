@@ -118,6 +118,14 @@ def test_a_batch_that_keeps_redis_busy_past_the_socket_timeout_is_waited_for(uid
             assert busy(command) > limit, f"the batch took Redis only {busy(command):.3f} s: nothing was tested"
         pending = sum(client.zcard(f"t{uid}:{{{s}}}:due") for s in range(8))
         assert pending == 1 + 2 * n
+        # The long calls' own connections never joined the pool: its connections keep the client's timeout.
+        pool = get_store(app).client.connection_pool
+        held = [pool.get_connection() for _ in range(4)]
+        try:
+            assert [c.socket_timeout for c in held] == [limit] * 4
+        finally:
+            for c in held:
+                pool.release(c)
         # An ordinary call still has the client's own timeout: a Redis that stops answering is noticed.
         client.execute_command("CLIENT", "PAUSE", 1500, "ALL")
         with pytest.raises(StoreUnavailable):
