@@ -410,7 +410,7 @@ class Store:
         if hasattr(conn, "orig_socket_timeout"):  # redis-py 8 puts socket_timeout back from it after maintenance
             conn.orig_socket_timeout = timeout
         # Connect now, through connect(): a Sentinel-managed connection asks the Sentinels for the
-        # master there (the pipeline's send would connect to the connection's default host instead).
+        # master there (a send on a connection never connected goes to its default host instead).
         conn.connect()
         return conn
 
