@@ -58,7 +58,7 @@ def cluster(ctx: Ctx) -> None:
             conf: dict[str, Any] = {"delayed_redis_url": store_url, "delayed_release_mode": "publish", **extra}
             app = make_app(broker.url, prefix, queue, **conf)
             store = get_store(app)
-            now_ms = store.now_ms()
+            now_ms = store.redis.now_ms()
             calls0 = _calls_per_master(cclient) if extra else {}
             fill_s = _fill(store, app, n, u, lambda i, t=now_ms: str(t - 1000))
             ctx.add(S18, label, "schedule rate", n / fill_s, "jobs/s", note="Store.schedule, 2 threads, 16 shards")

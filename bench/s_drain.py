@@ -60,7 +60,7 @@ def fill_released(app: Any, task: str, n: int) -> None:
     deadline = time.monotonic() + 60
     while left > 0 and time.monotonic() < deadline:
         for shard in range(store.config.shards):
-            left -= store.release_due(shard, limit=1000).count
+            left -= store.release.release_due(shard, limit=1000).count
 
 
 def _one(ctx: Ctx, client: Any, variant: str, n: int, pool: str, conc: int) -> float | None:

@@ -131,7 +131,7 @@ def _mirror(ctx: Ctx, url: str) -> None:
     apply_later_many(sql, "bench.late_d", [{"args": (0.0,), "when": 0}] * n)
     t_release = time.perf_counter()
     for s in range(store.config.shards):
-        while store.release_due(s).count:
+        while store.release.release_due(s).count:
             pass
     released = time.perf_counter() - t_release
     t0 = time.perf_counter()
@@ -145,6 +145,6 @@ def _mirror(ctx: Ctx, url: str) -> None:
 
 
 def _drop(app: Any) -> None:
-    client = get_store(app).client
+    client = get_store(app).redis.client
     delete_prefix(client, f"{app.conf.delayed_key_prefix}:*")
     client.delete(app.conf.task_default_queue)

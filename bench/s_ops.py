@@ -57,7 +57,7 @@ def _variant(script: Script, stub: str) -> Script:
 
 
 def _scripts(store: Store, stub: str | None) -> Scripts:
-    base = store.scripts
+    base = store.redis.scripts
     if stub is None:
         return base
     out = copy.copy(base)
@@ -76,8 +76,8 @@ def _fill(store: Store, app: Any, n: int, u: str, due_of: Any, calls: list[tuple
         for i in range(start, min(n, start + chunk)):
             jid = f"{u}-{i}"
             base = bases[i % len(bases)]
-            jobs.append(NewJob(jid, store.shard_of(jid), due_of(i), base.fields, base.common, base.template))
-        store.schedule(jobs)
+            jobs.append(NewJob(jid, store.layout.shard_of(jid), due_of(i), base.fields, base.common, base.template))
+        store.jobs.schedule(jobs)
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(2) as pool:
@@ -91,7 +91,7 @@ def _release_all(store: Store) -> tuple[int, float]:
     live = set(range(store.config.shards))
     while live:
         for s in list(live):
-            b = store.release_due(s)
+            b = store.release.release_due(s)
             total += b.count
             if b.count + b.skipped < store.config.batch_size:
                 live.discard(s)
@@ -124,7 +124,7 @@ def metrics_cost(ctx: Ctx) -> None:
             prefix, queue = f"b12{u}", f"q12{u}"
             app = make_app(ctx.redis_url, prefix, queue)
             store = get_store(app)
-            now = store.now_ms()
+            now = store.redis.now_ms()
             _fill(store, app, n, u, lambda i, t=now - 1000: str(t), [("bench.late_d", queue)])
             stores[label] = (store, prefix, queue)
         if r == 0:
@@ -134,7 +134,7 @@ def metrics_cost(ctx: Ctx) -> None:
         _settle(client)
         for label in labels[r % 3:] + labels[:r % 3]:
             store = stores[label][0]
-            store._scripts = _scripts(store, variants[label])
+            store.redis._scripts = _scripts(store, variants[label])
             released, secs = _release_all(store)
             assert released == n, (released, n)
             rates[label].append(n / secs)
@@ -167,7 +167,7 @@ def dashboard(ctx: Ctx) -> None:
     prefix = f"b13{u}"
     app = make_app(ctx.redis_url, prefix, f"q13{u}")
     store = get_store(app)
-    now = store.now_ms()
+    now = store.redis.now_ms()
     calls = [("bench.report", "default"), ("bench.remind", "default"), ("bench.bill", "billing"),
              ("bench.sync", "billing")]
     fill_s = _fill(store, app, n, u, lambda i, t=now + 60_000, w=86_400_000: str(t + i * w // n), calls)

@@ -62,8 +62,8 @@ def _fill(store: Store, app: Any, n: int, u: str, due_of: Any, pad: str = _PAD, 
         jobs = []
         for i in range(start, min(n, start + chunk)):
             jid = f"{u}-{i}"
-            jobs.append(NewJob(jid, store.shard_of(jid), due_of(i), base.fields, base.common, base.template))
-        store.schedule(jobs)
+            jobs.append(NewJob(jid, store.layout.shard_of(jid), due_of(i), base.fields, base.common, base.template))
+        store.jobs.schedule(jobs)
 
     t0 = time.perf_counter()
     # Two threads: one builds and sends a chunk while Redis runs the other's.
@@ -81,10 +81,10 @@ def release(ctx: Ctx) -> None:
     app = make_app(ctx.redis_url, prefix, queue)
     store = get_store(app)
     client = ctx.client()
-    now_ms = store.now_ms()
+    now_ms = store.redis.now_ms()
     fill_s = _fill(store, app, n, u, lambda i: str(now_ms - 1000))
     # the message each job's release pushes (a compact record renders it from its template)
-    size = len((store.messages([(store.shard_of(f"{u}-0"), f"{u}-0")])[0] or "").encode())
+    size = len((store.lookup.messages([(store.layout.shard_of(f"{u}-0"), f"{u}-0")])[0] or "").encode())
     ctx.add(S3, "celery-delayed (fill via Store.schedule)", "schedule rate", n / fill_s, "jobs/s",
             note=f"message {size} B, 2 threads, chunks of 20,000")
     with procs() as ps:
@@ -150,7 +150,7 @@ def _release_all(store: Store) -> tuple[int, float]:
     live = set(range(store.config.shards))
     while live:
         for s in list(live):
-            b = store.release_due(s)
+            b = store.release.release_due(s)
             total += b.count
             if b.count + b.skipped < store.config.batch_size:
                 live.discard(s)
@@ -171,7 +171,7 @@ def buckets(ctx: Ctx) -> None:
         store = get_store(app)
         label = f"celery-delayed bucket_ms={bucket_ms}"
         before = used_memory(client)
-        now_ms = store.now_ms()
+        now_ms = store.redis.now_ms()
         span = 3_600_000
         fill_s = _fill(store, app, n, u, lambda i, t=now_ms - span // 10, w=span: str(t + i * w // n), pad="")
         per_job = (used_memory(client) - before) / n

@@ -109,23 +109,23 @@ def _round_trip_floor(app: Any, n: int) -> Callable[[], None]:
     call (captured from the store), on the connection apply_later uses (the thread's lane)."""
     store = get_store(app)
     seen: list[tuple[Any, Any]] = []
-    run_many = store._run_many
+    run_many = store.redis.run_many
 
     def grab(script: Any, calls: Any, *args: Any, **kwargs: Any) -> list[Any]:
         seen.extend(calls)
         return run_many(script, calls, *args, **kwargs)
 
-    store._run_many = grab  # type: ignore[method-assign]
+    store.redis.run_many = grab  # type: ignore[method-assign]
     try:  # a call of a shard the template was sent to already (not the first: that one carries it)
         for _ in range(1000):
             apply_later(app, "bench.late_d", (0.0,), None, 3600)
             if "~tpl" not in seen[-1][1]:
                 break
     finally:
-        del store._run_many
+        del store.redis.run_many
     keys, args = seen[-1]
-    noop = _Noop(store.client)
-    lane = store._lanes.get()
+    noop = _Noop(store.redis.client)
+    lane = store.redis.lane()
 
     def floor() -> None:
         for _ in range(n):

@@ -56,7 +56,7 @@ def store_prepared(app: Celery, prepared: Sequence[Prepared], connection: Any = 
     if connection is not None:
         raise ConfigurationError("connection= needs delayed_database_url (the jobs are rows of that database)")
     try:
-        results = store.schedule([p.job for p in prepared])
+        results = store.jobs.schedule([p.job for p in prepared])
     except StoreFull as exc:  # (a Redis Cluster with one node full: the handles of the jobs stored anyway)
         exc.written = {i: DelayedResult(res.id, store=store, shard=res.shard, due_ms=res.due_ms,
                                         created=res.created) for i, res in exc.written.items()}
@@ -67,7 +67,7 @@ def store_prepared(app: Celery, prepared: Sequence[Prepared], connection: Any = 
         if not again:
             break
         redo = [regenerate(results[i].generation + 1) for i, regenerate in again]
-        for (i, _), res in zip(again, store.schedule([p.job for p in redo]), strict=True):
+        for (i, _), res in zip(again, store.jobs.schedule([p.job for p in redo]), strict=True):
             results[i] = res
     out = []
     for p, res in zip(prepared, results, strict=True):
@@ -176,7 +176,7 @@ def _apply_keyed(app: Celery, name: str, args: Sequence[Any] | None, kwargs: Map
     p = prepare(app, name, args, kwargs, when, task_id=fast_uuid4(),
                 shard_key=spec.key if shard_key is None else shard_key, task_type=task, options=opts)
     store = get_store(app)
-    res = store.schedule_keyed(p.job, spec.mode, spec.key, spec.limit_ms)
+    res = store.jobs.schedule_keyed(p.job, spec.mode, spec.key, spec.limit_ms)
     if res.created and app.conf.task_send_sent_event:
         _announce_scheduled(app, [p], [res])
     # (a throttled call whose job's record is gone gets due 0: the handle then reads it when asked)
@@ -260,7 +260,7 @@ def cancel_by_key(app: Celery, idempotency_key: str) -> str:
 
 def reschedule(app: Celery, job_id: str, when: object) -> int:
     """Move a still-scheduled job to ``when``; return its new due time (epoch ms)."""
-    return get_store(app).reschedule(job_id, due_spec(when, app.timezone))
+    return get_store(app).jobs.reschedule(job_id, due_spec(when, app.timezone))
 
 
 def lookup(app: Celery, job_id: str) -> DelayedResult:
@@ -270,6 +270,6 @@ def lookup(app: Celery, job_id: str) -> DelayedResult:
         JobNotFound: no such job (or its record expired).
     """
     store = get_store(app)
-    rec = store.get(job_id)
+    rec = store.lookup.get(job_id)
     return DelayedResult(job_id, store=store, shard=int(rec["shard"]), due_ms=int(float(rec[Field.DUE])),
                          created=False)

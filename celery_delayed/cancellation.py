@@ -41,7 +41,7 @@ def cancel_job(store: Store, job_id: str, shard: int | None = None, *, terminate
         JobNotFound: no such job (or its record expired).
         InvalidState: it is finished or cancelled already, or running (without ``terminate``).
     """
-    prev = store.cancel(job_id, shard, running=terminate)
+    prev = store.jobs.cancel(job_id, shard, running=terminate)
     if prev == JobState.RUNNING:
         store.app.control.revoke(job_id, terminate=True, signal=signal)
     else:
@@ -68,10 +68,10 @@ def revoke_in_store(app: Celery, task_ids: Any, *, terminate: bool = False) -> d
     try:
         store = get_store(app)
         # One round trip finds which ids are jobs (most revokes name tasks sent to the broker).
-        found = store.locate_many([i for i in dict.fromkeys(ids) if isinstance(i, str) and i])
+        found = store.lookup.locate_many([i for i in dict.fromkeys(ids) if isinstance(i, str) and i])
         for job_id, shard in found.items():
             try:
-                prev = store.cancel(job_id, shard, running=terminate)
+                prev = store.jobs.cancel(job_id, shard, running=terminate)
             except (JobNotFound, InvalidState, InvalidOption):
                 continue
             if prev != JobState.RUNNING:

@@ -36,7 +36,7 @@ def pause(app: Celery, *, queue: str | None = None, task: str | None = None) -> 
     or queue is held back until :func:`resume`.
     """
     flags = pause_flags(queue, task)
-    get_store(app).pause(flags)
+    get_store(app).jobs.pause(flags)
     return flags
 
 
@@ -48,12 +48,12 @@ def resume(app: Celery, *, queue: str | None = None, task: str | None = None) ->
     any late job.
     """
     flags = pause_flags(queue, task) if queue or task else []
-    return get_store(app).resume(flags)
+    return get_store(app).jobs.resume(flags)
 
 
 def paused(app: Celery) -> dict[str, int]:
     """The pauses in force: flag (``all``, ``task:<name>``, ``queue:<name>``) -> since (epoch ms)."""
-    return get_store(app).pauses()
+    return get_store(app).jobs.pauses()
 
 
 def promote(app: Celery, job_id: str) -> int:
@@ -63,12 +63,12 @@ def promote(app: Celery, job_id: str) -> int:
         JobNotFound: no such job.
         InvalidState: it is not scheduled any more.
     """
-    return get_store(app).promote(job_id)
+    return get_store(app).jobs.promote(job_id)
 
 
 def promote_matching(app: Celery, *, task: str | None = None, queue: str | None = None) -> int:
     """Run every scheduled job of a task and/or queue now; return how many."""
-    return get_store(app).promote_matching(task, queue)
+    return get_store(app).jobs.promote_matching(task, queue)
 
 
 def _bound(when: Any, tz: Any) -> int | None:
@@ -92,7 +92,7 @@ def cancel_matching(
     ``task-revoked`` event), as :func:`celery_delayed.cancel` does.
     """
     store = get_store(app)
-    ids = store.cancel_matching(task, queue, _bound(due_from, app.timezone), _bound(due_to, app.timezone))
+    ids = store.jobs.cancel_matching(task, queue, _bound(due_from, app.timezone), _bound(due_to, app.timezone))
     announce = shared(app)
     for job_id in ids:
         announce.revoked(job_id, "cancelled")

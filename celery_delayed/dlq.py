@@ -15,8 +15,12 @@ from .timeutil import due_spec
 __all__ = ["DeadLetter", "count", "list_dead", "purge", "requeue", "requeue_all", "show"]
 
 
+def _store(app: Celery | Store) -> Store:
+    return app if isinstance(app, Store) else get_store(app)
+
+
 def _letters(app: Celery | Store) -> DeadLetters:
-    return DeadLetters(app if isinstance(app, Store) else get_store(app))
+    return _store(app).dead_letters
 
 
 def count(app: Celery | Store) -> int:
@@ -51,14 +55,14 @@ def requeue(app: Celery | Store, job_id: str, when: object = 0) -> int:
         InvalidState: it is not DEAD, or it has no message to send.
         InvalidWhen: a bad ``when``.
     """
-    letters = _letters(app)
-    return letters.requeue(job_id, due_spec(when, letters.store.app.timezone))
+    store = _store(app)
+    return store.dead_letters.requeue_job(job_id, due_spec(when, store.app.timezone))
 
 
 def requeue_all(app: Celery | Store, when: object = 0, task: str | None = None) -> int:
     """Schedule every dead letter (of one task name, if given) again; return how many."""
-    letters = _letters(app)
-    return letters.requeue_all(due_spec(when, letters.store.app.timezone), task)
+    store = _store(app)
+    return store.dead_letters.requeue_all(due_spec(when, store.app.timezone), task)
 
 
 def purge(app: Celery | Store, older_than: float | None = None) -> int:

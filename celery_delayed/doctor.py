@@ -73,14 +73,14 @@ def failed(found: list[Finding]) -> bool:
 def settings_findings(store: Store) -> list[Finding]:
     """This app's settings against the store's layout and the running schedulers' settings."""
     try:
-        recorded = store.layout()
+        recorded = store.layout.recorded()
         if not recorded:
             return [Finding(OK, "layout", f"no layout recorded under prefix {store.config.key_prefix!r} yet "
                                           "(the first producer or scheduler records it)")]
-        store.check_fleet()
+        store.fleet.check()
     except ConfigurationError as exc:
         return [Finding(PROBLEM, "layout", str(exc), "use the store's settings, or another delayed_key_prefix")]
-    return [Finding(OK, "layout", f"delayed_shards={store.shards} and delayed_bucket_ms="
+    return [Finding(OK, "layout", f"delayed_shards={store.layout.shards} and delayed_bucket_ms="
                                   f"{store.config.bucket_ms} match the store; the schedulers' settings agree")]
 
 
@@ -141,7 +141,7 @@ def _replication(store: Store, health: ServerHealth) -> list[Finding]:
 
 def _skew(store: Store) -> Finding:
     t0 = time.time()
-    server_ms = store.now_ms()
+    server_ms = store.redis.now_ms()
     t1 = time.time()
     skew_s = server_ms / 1000.0 - (t0 + t1) / 2
     shown = f"this host's clock is {abs(skew_s):.3f} s {'behind' if skew_s > 0 else 'ahead of'} the store's Redis"

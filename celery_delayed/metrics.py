@@ -21,7 +21,6 @@ from typing import Any
 from celery import Celery
 
 from .store import get_store
-from .store.schedules import ScheduleRecords
 from .store.stats import COUNTERS, FleetStats, Snapshot
 
 logger = logging.getLogger("celery_delayed.metrics")
@@ -88,7 +87,7 @@ class StoreCollector:
 
 def _schedules(app: Celery, helps: dict[str, str], gauge: Any) -> Any:
     """The recurring schedules, active and paused (read through the schedules' index)."""
-    rec = ScheduleRecords(get_store(app))
+    rec = get_store(app).schedules
     by_shard: dict[int, list[str]] = {}
     for name in rec.index():
         by_shard.setdefault(rec.shard_of(name), []).append(name)

@@ -95,12 +95,12 @@ class Reconciler:
         """One full pass (bounded batches inside); return what it found and did."""
         t0 = time.monotonic()
         report = Report()
-        self.store.reload_layout(5.0)
-        now = self.store.now_ms() if now_ms is None else now_ms
-        if self.store.any_released():  # an idle fleet: one command instead of a read per shard
-            for shard in self.store.shard_range():
+        self.store.layout.reload(5.0)
+        now = self.store.redis.now_ms() if now_ms is None else now_ms
+        if self.store.release.any_released():  # an idle fleet: one command instead of a read per shard
+            for shard in self.store.layout.shard_range():
                 self._rerelease(shard, now, report)
-        if self.rows is not None and self.store.moving_from is None:  # not while a reshard moves records
+        if self.rows is not None and self.store.layout.moving_from is None:  # not while a reshard moves records
             self.rows.refresh_statistics()  # its reads below are index lookups only with statistics
             self._reindex(now, report)
             self._adopt_or_drop(now, report)
@@ -116,7 +116,7 @@ class Reconciler:
         commit and the Redis write, is indexed within about a second.
         """
         assert self.rows is not None
-        self.store.reload_layout(5.0)
+        self.store.layout.reload(5.0)
         after: tuple[int, str] = (0, "")
         newest = since_ms
         while True:
@@ -127,12 +127,12 @@ class Reconciler:
             newest = max(newest, page[-1].created_ms)
             by_shard: dict[int, list[Row]] = defaultdict(list)
             for row in page:
-                by_shard[row.home(self.store.shards)].append(row)
+                by_shard[row.home(self.store.layout.shards)].append(row)
             for shard, rows in by_shard.items():
-                states = self.store.record_states(shard, [r.id for r in rows])
+                states = self.store.lookup.record_states(shard, [r.id for r in rows])
                 lost = [r for r in rows if states.get(r.id) is None]
                 if lost and not self.dry_run:
-                    self.store.schedule([r.as_new_job(self.store.shards) for r in lost])
+                    self.store.jobs.schedule([r.as_new_job(self.store.layout.shards) for r in lost])
             if len(page) < BATCH:
                 return newest
 
@@ -142,15 +142,15 @@ class Reconciler:
         older_than = now - int(self.config.requeue_after_s * 1000)
         after = 0.0
         while True:
-            page = self.store.release_candidates(shard, older_than, after, BATCH)
+            page = self.store.release.release_candidates(shard, older_than, after, BATCH)
             if not page:
                 return
             after = page[-1][1]
             ids = [jid for jid, _ in page]
-            if not self.store.direct:
+            if not self.store.broker.direct:
                 ids = self._not_waiting_in_queues(shard, ids, report)
             if ids and not self.dry_run:
-                for job_id, outcome in self.store.rerelease(shard, ids, MAX_COPIES, now_ms=now):
+                for job_id, outcome in self.store.release.rerelease(shard, ids, MAX_COPIES, now_ms=now):
                     if outcome == "rereleased":
                         report.rereleased += 1
                         report.details.append(f"released again: {job_id}")
@@ -166,7 +166,7 @@ class Reconciler:
 
     def _not_waiting_in_queues(self, shard: int, ids: list[str], report: Report) -> list[str]:
         """Publish path: leave the jobs whose queue still has messages (they may be waiting there)."""
-        queues = self.store.field_of(shard, ids, Field.QUEUE)
+        queues = self.store.lookup.field_of(shard, ids, Field.QUEUE)
         depth: dict[str, int] = {}
         keep = []
         for job_id in ids:
@@ -206,16 +206,16 @@ class Reconciler:
                 report.scanned_rows += len(page)
                 by_shard: dict[int, list[Row]] = defaultdict(list)
                 for row in page:
-                    by_shard[row.home(self.store.shards)].append(row)
+                    by_shard[row.home(self.store.layout.shards)].append(row)
                 for shard, rows in by_shard.items():
-                    states = self.store.record_states(shard, [r.id for r in rows])
+                    states = self.store.lookup.record_states(shard, [r.id for r in rows])
                     lost = [r for r in rows if states.get(r.id) is None]
                     report.drift += sum(1 for r in rows if states.get(r.id) not in (None, r.state))
                     if lost:
                         report.details += [f"indexed again: {r.id} (row {r.state})" for r in lost]
                         report.reindexed += len(lost)
                         if not self.dry_run:
-                            self.store.schedule([r.as_new_job(self.store.shards) for r in lost])
+                            self.store.jobs.schedule([r.as_new_job(self.store.layout.shards) for r in lost])
                 if len(page) < BATCH:
                     break
 
@@ -223,13 +223,13 @@ class Reconciler:
 
     def _adopt_or_drop(self, now: int, report: Report) -> None:
         assert self.rows is not None
-        for shard in self.store.shard_range():
-            for ids in self.store.scheduled_pages(shard, BATCH):
+        for shard in self.store.layout.shard_range():
+            for ids in self.store.lookup.scheduled_pages(shard, BATCH):
                 report.scanned_jobs += len(ids)
                 missing = set(ids) - self.rows.existing(ids)
                 if not missing:
                     continue
-                records = self.store.records(shard, sorted(missing))
+                records = self.store.lookup.records(shard, sorted(missing))
                 adopt: list[tuple[str, dict[str, str]]] = []
                 drop: list[tuple[str, dict[str, str]]] = []
                 for job_id, rec in records.items():
@@ -245,4 +245,4 @@ class Reconciler:
                 if adopt:
                     self.rows.adopt([self.rows.row_from_record(job_id, shard, rec, now) for job_id, rec in adopt])
                 for job_id, _ in drop:
-                    self.store.drop(job_id, shard)
+                    self.store.jobs.drop(job_id, shard)

@@ -97,12 +97,12 @@ class DelayedResult(AsyncResult):  # type: ignore[misc]
         Raises:
             InvalidState: it was released, cancelled or finished already.
         """
-        self.due_ms = self.store.reschedule(self.id, due_spec(when, self.store.app.timezone), self.shard)
+        self.due_ms = self.store.jobs.reschedule(self.id, due_spec(when, self.store.app.timezone), self.shard)
         return self.eta
 
     def job(self) -> dict[str, str]:
         """Return the job's record: state (``st``), due time, task, queue, timestamps."""
-        return self.store.get(self.id, self.shard)
+        return self.store.lookup.get(self.id, self.shard)
 
     @property
     def job_state(self) -> str:

@@ -69,7 +69,6 @@ __all__ = [
     "occurrence_jobs",
     "pause",
     "plan",
-    "records",
     "remove",
     "resume",
     "run_now",
@@ -272,7 +271,7 @@ def plan(sched: StoredSchedule, now_ms: int, horizon_ms: int,
     return [*missed, *ahead, beyond], beyond
 
 
-def store_ahead(app: Celery, rec: ScheduleRecords, sched: StoredSchedule, owner: str, fence: str, now_ms: int,
+def store_ahead(app: Celery, store: Store, sched: StoredSchedule, owner: str, fence: str, now_ms: int,
                 horizon_ms: int, catch_up_max: int) -> int:
     """Store a schedule's occurrences due up to the horizon and move its cursor; return how many were new.
 
@@ -290,12 +289,13 @@ def store_ahead(app: Celery, rec: ScheduleRecords, sched: StoredSchedule, owner:
     fires, cursor = todo
     results = store_prepared(app, occurrence_jobs(app, sched, fires, GRACE_MS))
     pairs = [(r.id, f) for r, f in zip(results, fires, strict=True)]
-    if rec.advance(sched, owner, fence, cursor, pairs):
+    rec = store.schedules
+    if rec.advance_schedule(sched, owner, fence, cursor, pairs):
         return sum(1 for r in results if r.created)
     cur = rec.get(sched.name)
     if cur is None or cur.version != sched.version or cur.paused:
         # changed, paused or removed since read: what was just stored belongs to the old definition
-        cancel_occurrences(rec.store, sched.shard, [r.id for r in results if r.created])
+        cancel_occurrences(store, sched.shard, [r.id for r in results if r.created])
     # else another scheduler moved the cursor first: it covers the same ids (derived from the version)
     return 0
 
@@ -304,12 +304,12 @@ def cancel_occurrences(store: Store, shard: int, ids: Sequence[str]) -> int:
     """Cancel the occurrences among ``ids`` not yet released (a change, pause or removal); return how many."""
     if not ids:
         return 0
-    states = store.record_states(shard, ids)
+    states = store.lookup.record_states(shard, ids)
     n = 0
     for job_id in ids:
         if states.get(job_id) == JobState.SCHEDULED:
             try:
-                store.cancel(job_id, shard)
+                store.jobs.cancel(job_id, shard)
                 n += 1
             except (InvalidState, JobNotFound):  # released or gone meanwhile
                 pass
@@ -317,16 +317,6 @@ def cancel_occurrences(store: Store, shard: int, ids: Sequence[str]) -> int:
 
 
 # -- the run-time API -------------------------------------------------------------------------
-
-
-def records(app: Celery) -> ScheduleRecords:
-    """The app store's schedule records (cached on the store)."""
-    store = get_store(app)
-    rec: ScheduleRecords | None = getattr(store, "_schedule_records", None)
-    if rec is None:
-        rec = ScheduleRecords(store)
-        store._schedule_records = rec  # type: ignore[attr-defined]
-    return rec
 
 
 def _info(rec: ScheduleRecords, s: StoredSchedule, now_ms: int) -> Schedule:
@@ -348,8 +338,9 @@ def _info(rec: ScheduleRecords, s: StoredSchedule, now_ms: int) -> Schedule:
 
 def list(app: Celery) -> builtins.list[Schedule]:
     """Every recurring schedule of the store, sorted by name."""
-    rec = records(app)
-    now = rec.store.now_ms()
+    store = get_store(app)
+    rec = store.schedules
+    now = store.redis.now_ms()
     return [_info(rec, s, now) for s in rec.all()]
 
 
@@ -359,11 +350,12 @@ def get(app: Celery, name: str) -> Schedule:
     Raises:
         ScheduleNotFound: there is none of that name.
     """
-    rec = records(app)
+    store = get_store(app)
+    rec = store.schedules
     s = rec.get(name)
     if s is None:
         raise ScheduleNotFound(name)
-    return _info(rec, s, rec.store.now_ms())
+    return _info(rec, s, store.redis.now_ms())
 
 
 def add(app: Celery, name: str, task: str, schedule: object, args: Sequence[Any] = (),
@@ -382,18 +374,18 @@ def add(app: Celery, name: str, task: str, schedule: object, args: Sequence[Any]
     entry = {"task": task, "schedule": schedule, "args": args, "kwargs": kwargs or {}, "options": options or {},
              "timezone": timezone, "misfire": misfire, "skip_if_running": skip_if_running}
     defn = definition(app, name, entry, strict=strict)
-    rec = records(app)
-    _, old = rec.put(name, defn, "api")
-    cancel_occurrences(rec.store, rec.shard_of(name), old)
-    _prime(app, rec, name)
+    store = get_store(app)
+    _, old = store.schedules.put_schedule(name, defn, "api")
+    cancel_occurrences(store, store.schedules.shard_of(name), old)
+    _prime(app, store, name)
     return get(app, name)
 
 
-def _prime(app: Celery, rec: ScheduleRecords, name: str) -> None:
+def _prime(app: Celery, store: Store, name: str) -> None:
     """Store the first occurrences at once (a scheduler sees a new schedule within a few seconds)."""
-    s = rec.get(name)
+    s = store.schedules.get(name)
     if s is not None and not s.paused:
-        store_ahead(app, rec, s, "", "", rec.store.now_ms(), PRIME_MS, 1)
+        store_ahead(app, store, s, "", "", store.redis.now_ms(), PRIME_MS, 1)
 
 
 def remove(app: Celery, name: str) -> int:
@@ -405,11 +397,11 @@ def remove(app: Celery, name: str) -> int:
     Raises:
         ScheduleNotFound: there is none of that name.
     """
-    rec = records(app)
-    code, ids = rec.drop(name)
+    store = get_store(app)
+    code, ids = store.schedules.drop_schedule(name)
     if code == 0:
         raise ScheduleNotFound(name)
-    return cancel_occurrences(rec.store, rec.shard_of(name), ids)
+    return cancel_occurrences(store, store.schedules.shard_of(name), ids)
 
 
 def pause(app: Celery, name: str) -> bool:
@@ -431,13 +423,13 @@ def resume(app: Celery, name: str) -> bool:
 
 
 def _set_paused(app: Celery, name: str, paused: bool) -> bool:
-    rec = records(app)
-    code, ids = rec.set_paused(name, paused)
+    store = get_store(app)
+    code, ids = store.schedules.pause_schedule(name, paused)
     if code == 0:
         raise ScheduleNotFound(name)
-    cancel_occurrences(rec.store, rec.shard_of(name), ids)
+    cancel_occurrences(store, store.schedules.shard_of(name), ids)
     if not paused:
-        _prime(app, rec, name)
+        _prime(app, store, name)
     return code == 1
 
 
@@ -449,7 +441,8 @@ def run_now(app: Celery, name: str) -> DelayedResult:
     """
     from .api import store_prepared  # the API module imports the producer; this keeps the import graph flat
 
-    rec = records(app)
+    store = get_store(app)
+    rec = store.schedules
     s = rec.get(name)
     if s is None:
         raise ScheduleNotFound(name)

@@ -52,13 +52,13 @@ def main() -> None:
         store = get_store(app)
         released = []
         for s in range(store.config.shards):  # the released jobs, read back to play the worker side
-            released += [str(k).rsplit(":", 1)[-1] for k in store.client.scan_iter(
-                match=f"shots:{{{s}}}:job:*", count=1000) if store.client.hget(k, "st") == "QUEUED"]
+            released += [str(k).rsplit(":", 1)[-1] for k in store.redis.client.scan_iter(
+                match=f"shots:{{{s}}}:job:*", count=1000) if store.redis.client.hget(k, "st") == "QUEUED"]
         for i, jid in enumerate(released):
-            shard = store.shard_of(jid)
+            shard = store.layout.shard_of(jid)
             time.sleep(0.0005)
-            if store.start(jid, shard, f"w{i}").run and i % 9:
-                store.finish(jid, shard, f"w{i}", "SUCCEEDED")
+            if store.executions.start(jid, shard, f"w{i}").run and i % 9:
+                store.executions.finish(jid, shard, f"w{i}", "SUCCEEDED")
         pause(app, queue="billing")
         keyed = apply_later(app, "proj.tasks.remind", args=(42,), kwargs={"text": "your trial ends tomorrow"},
                             when=1800, idempotency_key="trial-end-42", strict=False)

@@ -231,7 +231,7 @@ class Demo:
 
     def schedule(self) -> tuple[list[Any], float]:
         """Schedule the tasks in chunks with ``apply_later_many``; return handles and seconds taken."""
-        base_ms = self.store.now_ms() + LEAD_MS
+        base_ms = self.store.redis.now_ms() + LEAD_MS
         bar = Progress("scheduled")
         handles: list[Any] = []
         t0 = time.monotonic()
@@ -248,14 +248,14 @@ class Demo:
 
     def cancel_some(self, handles: Sequence[Any]) -> set[str]:
         """Cancel one in a hundred of the tasks still at least 1.5 s from due."""
-        horizon = self.store.now_ms() + 1500
+        horizon = self.store.redis.now_ms() + 1500
         later = [h for h in handles if h.due_ms > horizon]
         return {h.id for h in later[::100] if h.cancel()}
 
     def follow(self, expected: int, last_due_ms: int) -> int:
         """Show released / executed until all expected ran (or a deadline); return released."""
         bar = Progress("executed")
-        deadline = time.monotonic() + max(0.0, (last_due_ms - self.store.now_ms()) / 1000) + GRACE_S
+        deadline = time.monotonic() + max(0.0, (last_due_ms - self.store.redis.now_ms()) / 1000) + GRACE_S
         released = 0
         while True:
             executed = int(self.client.llen(self.record_key))

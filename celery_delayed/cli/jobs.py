@@ -34,7 +34,7 @@ def list_(ctx: click.Context, task: str | None, offset: int, limit: int, as_json
 def show(ctx: click.Context, job_id: str) -> None:
     """Show one job's record."""
     with errors():
-        rec = get_store(app_of(ctx)).get(job_id)
+        rec = get_store(app_of(ctx)).lookup.get(job_id)
     click.echo(show_record(rec))
 
 
@@ -61,7 +61,7 @@ def cancel(ctx: click.Context, job_id: str | None, task: str | None, queue: str 
             prev = cancel_job(store, job_id)
             click.echo(f"cancelled {job_id} (was {prev})")
             return
-        now = store.now_ms()
+        now = store.redis.now_ms()
         lo = None if due_after is None else now + int(due_after * 1000)
         hi = None if due_before is None else now + int(due_before * 1000)
         ids = cancel_matching(app_of(ctx), task=task, queue=queue, due_from=lo, due_to=hi)

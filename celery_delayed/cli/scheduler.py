@@ -15,7 +15,6 @@ from celery import Celery
 from ..config import get_config
 from ..errors import StoreUnavailable
 from ..store import ServerHealth, ShardStatus, Store, get_store
-from ..store.schedules import ScheduleRecords
 from ._common import app_of, delayed, errors, fmt_ms
 
 
@@ -85,7 +84,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
         rows = status.rows()
         fallbacks = status.eta_fallbacks()
         # Live members only: a dead scheduler's entry stays until a heartbeat drops it.
-        members = store.live_members()
+        members = store.fleet.live_members()
         health = ServerHealth(store)
         warnings = health.warnings()
         try:
@@ -94,16 +93,16 @@ def status(ctx: click.Context, as_json: bool) -> None:
         except Exception:  # INFO refused (an ACL user): said by the warnings
             replication, where = None, ""
         mirror = _mirror_lag(store) if store.config.database_url else None
-        paused = store.pauses()
-        recurring = ScheduleRecords(store).all()
+        paused = store.jobs.pauses()
+        recurring = store.schedules.all()
     scheds = {"count": len(recurring), "paused": sum(1 for r in recurring if r.paused)}
-    path, why = store.release_path
+    path, why = store.layout.release_path
     if as_json:
         click.echo(json.dumps({"shards": rows, "schedulers": members, "warnings": warnings, "mirror": mirror,
                                "eta_fallbacks": fallbacks.as_dict(), "paused": paused, "schedules": scheds,
                                "replication": replication, "release_path": path, "release_path_reason": why,
-                               "cluster": store.cluster, "layout_shards": store.shards,
-                               "resharding_from": store.moving_from}))
+                               "cluster": store.redis.cluster, "layout_shards": store.layout.shards,
+                               "resharding_from": store.layout.moving_from}))
         return
     click.echo(f"{'shard':>5} {'pending':>9} {'overdue':>8} {'inflight':>8}  next due / oldest overdue")
     for r in rows:
@@ -118,9 +117,9 @@ def status(ctx: click.Context, as_json: bool) -> None:
                + f"; release path: {path} ({why})")
     if where:
         click.echo(where)
-    if store.moving_from is not None:
-        click.echo(f"RESHARD in progress: {store.moving_from} -> {store.shards} shards "
-                   f"(`delayed reshard --shards {store.shards}` finishes it)")
+    if store.layout.moving_from is not None:
+        click.echo(f"RESHARD in progress: {store.layout.moving_from} -> {store.layout.shards} shards "
+                   f"(`delayed reshard --shards {store.layout.shards}` finishes it)")
     if mirror is not None:
         lag = mirror["lag_s"]
         click.echo(f"database mirror: {mirror['pending_changes']} change(s) not yet applied"
@@ -141,10 +140,10 @@ def status(ctx: click.Context, as_json: bool) -> None:
 def _mirror_lag(store: Store) -> dict[str, Any]:
     """The state changes waiting for the database mirror, over all shards, and the age of the oldest."""
     pending, oldest = 0, None
-    for s in store.shard_range():
-        n, first = store.changes_lag(s)
+    for s in store.layout.shard_range():
+        n, first = store.changes.lag(s)
         pending += n
         if first is not None:
             oldest = first if oldest is None else min(oldest, first)
-    lag = None if oldest is None else max(0.0, (store.now_ms() - oldest) / 1000)
+    lag = None if oldest is None else max(0.0, (store.redis.now_ms() - oldest) / 1000)
     return {"pending_changes": pending, "lag_s": lag}

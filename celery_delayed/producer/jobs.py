@@ -170,7 +170,7 @@ def prepare(
     check_expiry(options.get("expires"), due)
     job_id = _job_id(task_id, idempotency_key)
     skey = _shard_key(shard_key)
-    shard = store.shard_of(job_id, skey)
+    shard = store.layout.shard_of(job_id, skey)
     headers = options.pop("headers", None) or {}
     if not isinstance(headers, Mapping):
         raise InvalidOption(f"headers must be a mapping, got {type(headers).__name__}")
@@ -341,7 +341,7 @@ class PlainCalls:
         if self.expires is not None:
             check_expiry(self.expires, due)
         job_id = fast_uuid4()
-        shard = shard_for(job_id, self.store.shards)
+        shard = shard_for(job_id, self.store.layout.shards)
         from_due = eta_is_due(due, self.tz)
         root_id, parent_id = (self.root_id, self.parent_id) if ids is None else ids
         own = self.tmpl.compact_fields(job_id, args or (), kwargs or {}, root_id, parent_id,
@@ -363,6 +363,6 @@ def refuse_taken(store: Store, jobs: Sequence[NewJob]) -> None:
         if job.id in seen:
             raise InvalidOption(f"task_id {job.id!r} is given twice in this batch; give each job its own id")
         seen.add(job.id)
-    for job, state in zip(jobs, store.states(jobs), strict=True):
+    for job, state in zip(jobs, store.lookup.states(jobs), strict=True):
         if state is not None:
             raise DuplicateJob(job.id, state)

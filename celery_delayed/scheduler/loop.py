@@ -173,11 +173,11 @@ class Scheduler:
         self._beats += 1
         if self._layout_due or self._beats % LAYOUT_EVERY == 0:  # follow a reshard (told, or found out)
             self._layout_due = False
-            if self.store.reload_layout():
-                logger.info("scheduler %s: the store's layout is now %d shards%s", self.owner, self.store.shards,
-                            f" (a reshard is moving jobs from {self.store.moving_from})"
-                            if self.store.moving_from else "")
-        beat = self.store.heartbeat(self.owner)
+            if self.store.layout.reload():
+                logger.info("scheduler %s: the store's layout is now %d shards%s", self.owner, self.store.layout.shards,
+                            f" (a reshard is moving jobs from {self.store.layout.moving_from})"
+                            if self.store.layout.moving_from else "")
+        beat = self.store.fleet.heartbeat(self.owner)
         self._observe(beat.now_ms)
         self._hold(beat.members, verify=beat.joined)
         if len(beat.members) > 1:
@@ -201,7 +201,7 @@ class Scheduler:
     def _announce(self) -> None:
         """Tell the other schedulers that the membership changed (best effort)."""
         try:
-            self.store.announce_members(self.owner)
+            self.store.fleet.announce(self.owner)
         except Exception:
             logger.debug("announcing the membership change failed", exc_info=True)
 
@@ -222,16 +222,16 @@ class Scheduler:
         """
         with self._lock:
             before = dict(self.shards)
-        wanted = share(members, self.owner, self.store.span)
+        wanted = share(members, self.owner, self.store.layout.span)
         if verify or self._verify or time.monotonic() >= self._verify_at:
             self._verify = True  # until the check went through
-            take, give = wanted, (set(range(self.store.span)) | set(before)) - wanted
+            take, give = wanted, (set(range(self.store.layout.span)) | set(before)) - wanted
         else:
             take, give = wanted - set(before), set(before) - wanted
         self.members = members
         if not take and not give:
             return
-        held, waits = self.store.hold_shards(self.owner, take, give, members)
+        held, waits = self.store.fleet.shard_lease(self.owner, take, give, members)
         if self._verify:
             self._verify = False
             self._verify_at = time.monotonic() + VERIFY_LEASES * self.config.lease_ms / 1000.0
@@ -250,7 +250,7 @@ class Scheduler:
         if gained or lost:
             logger.info(
                 "scheduler %s holds %d shard(s) of %d with %d member(s)%s%s%s",
-                self.owner, len(held), self.store.span, len(members),
+                self.owner, len(held), self.store.layout.span, len(members),
                 f"; gained {sorted(gained)}" if gained else "",
                 f"; lost {sorted(lost)}" if lost else "",
                 f"; waiting for {len(waits)}" if waits else "",
@@ -262,7 +262,7 @@ class Scheduler:
             held, self.shards = list(self.shards), {}
             self.next_due.clear()
         if held:
-            self.store.hold_shards(self.owner, (), held)
+            self.store.fleet.shard_lease(self.owner, (), held)
 
     # -- releasing -------------------------------------------------------------------
 
@@ -373,7 +373,7 @@ class Scheduler:
                 ``delayed_schedule`` is wrong.
             StoreUnavailable: Redis cannot be reached (the loop tries again).
         """
-        self.store.check_fleet()
+        self.store.fleet.check()
         try:
             config_entries(self.app)  # recurring schedules: a bad entry stops the scheduler with its message
         except DelayedError as exc:
@@ -415,8 +415,8 @@ class Scheduler:
         """Run until :meth:`stop`; errors are logged and retried with back-off."""
         logger.info(
             "celery-delayed scheduler %s starting (%s path, %d shards, prefix %r)",
-            self.owner, "direct" if self.store.direct else "publish",
-            self.store.shards, self.config.key_prefix,
+            self.owner, "direct" if self.store.broker.direct else "publish",
+            self.store.layout.shards, self.config.key_prefix,
         )
         self._listener.start()
         backoff = 0.1
@@ -474,14 +474,14 @@ class Scheduler:
             self.recurrer.stop()
         if self._joined:
             try:
-                self.store.heartbeat(self.owner, leave=True)  # hand the shards over at once
+                self.store.fleet.heartbeat(self.owner, leave=True)  # hand the shards over at once
                 self._give_up()
                 self._announce()
             except Exception:
                 logger.debug("leaving the scheduler set failed", exc_info=True)
         self.mover.close()
         self._listener.stop()
-        self.store.close()
+        self.store.redis.close()
         logger.info("celery-delayed scheduler %s stopped (%d released)", self.owner, self.released)
 
     def stop(self) -> None:

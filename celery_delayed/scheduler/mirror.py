@@ -44,14 +44,14 @@ class Mirror:
 
     def apply_shard(self, shard: int, limit: int = BATCH) -> int:
         """Apply up to ``limit`` entries of one shard's log; return how many entries it applied."""
-        entries = self.store.read_changes(shard, limit)
+        entries = self.store.changes.read(shard, limit)
         if not entries:
             return 0
         latest: dict[str, str] = {}
         for _entry_id, state, ids in entries:
             for job_id in ids:
                 latest[job_id] = state  # the last change wins
-        records = self.store.records(shard, list(latest))
+        records = self.store.lookup.records(shard, list(latest))
         changes = []
         for job_id, state in latest.items():
             rec = records.get(job_id) or {}
@@ -67,7 +67,7 @@ class Mirror:
                 change["record"] = json.dumps({k: v for k, v in rec.items() if v}, separators=(",", ":"))
             changes.append(change)
         self.rows.apply(changes)
-        self.store.trim_changes(shard, entries[-1][0])
+        self.store.changes.trim(shard, entries[-1][0])
         self.applied += len(changes)
         return len(entries)
 

@@ -48,7 +48,8 @@ class DirectMover:
         self.announce = Announcer(app)
 
     def move(self, shard: int, owner: str, fence: str, limit: int) -> Batch:
-        batch = self.store.release_due(shard, owner, fence, limit=limit, lookahead_ms=self.store.config.lookahead_ms)
+        batch = self.store.release.release_due(shard, owner, fence, limit=limit,
+                                               lookahead_ms=self.store.config.lookahead_ms)
         self.announce.sent(batch.events)
         self.announce.not_sent(batch.not_sent)
         return batch
@@ -120,7 +121,8 @@ class PublishMover:
         except Exception:
             self.close()
             raise
-        batch = self.store.claim_due(shard, owner, fence, limit=limit, lookahead_ms=self.store.config.lookahead_ms)
+        batch = self.store.release.claim_due(shard, owner, fence, limit=limit,
+                                             lookahead_ms=self.store.config.lookahead_ms)
         self.announce.not_sent(batch.not_sent)
         if not batch.ids:
             return batch
@@ -132,7 +134,7 @@ class PublishMover:
             raise
         if self.before_ack is not None:
             self.before_ack(batch)
-        self.store.ack_claimed(shard, published)
+        self.store.release.ack_claimed(shard, published)
         if refused:
             self._put_back(shard, refused)
         sent = set(published)
@@ -148,7 +150,7 @@ class PublishMover:
         """Jobs the broker refused: back to the due set at once, dead-lettered after too many refusals."""
         self.refused += len(refused)
         reasons = {job_id: why for job_id, why, _ in refused}
-        for job_id, state, n in self.store.refuse_claimed(shard, refused):
+        for job_id, state, n in self.store.release.refuse_claimed(shard, refused):
             if state == JobState.DEAD:
                 reason = reasons[job_id]
                 logger.error("job %s: the broker refused its message %d times (%s): dead-lettered", job_id, n,
@@ -289,5 +291,5 @@ def _remaining_s(expires: Any) -> float | None:
 
 
 def make_mover(app: Celery, store: Store) -> Mover:
-    """The mover for the store's release path (``store.direct``)."""
-    return DirectMover(app, store) if store.direct else PublishMover(app, store)
+    """The mover for the store's release path (``store.broker.direct``)."""
+    return DirectMover(app, store) if store.broker.direct else PublishMover(app, store)

@@ -43,7 +43,7 @@ from celery import Celery
 from ..errors import LeaseLost, StoreUnavailable
 from ..schedules import cancel_occurrences, config_entries, config_hash, store_ahead
 from ..store import Store
-from ..store.schedules import ScheduleRecords, StoredSchedule
+from ..store.schedules import StoredSchedule
 from ..vocab import JobState
 
 logger = logging.getLogger("celery_delayed.scheduler")
@@ -76,7 +76,7 @@ class Recurrer:
         self.store = store
         self.owner = owner
         self.held = held
-        self.records = ScheduleRecords(store)
+        self.records = store.schedules
         cfg = store.config
         self.horizon_ms = HORIZON_MS + cfg.lookahead_ms + int(TICK_S * 1000)
         self.catch_up_max = cfg.schedule_catch_up_max
@@ -143,7 +143,7 @@ class Recurrer:
                 mine.setdefault(shard, []).append(name)
         if not mine:
             return 0
-        now = self.store.now_ms() if now_ms is None else now_ms
+        now = self.store.redis.now_ms() if now_ms is None else now_ms
         n = 0
         for sched in self.records.read(mine):
             fence = held.get(sched.shard)
@@ -173,7 +173,7 @@ class Recurrer:
         if not due:
             return []
         lo = max(0, due[0] - OVERLAP_LOOKBACK)
-        states = self.store.record_states(sched.shard, [job_id for job_id, _ in occ[lo:due[-1] + 1]])
+        states = self.store.lookup.record_states(sched.shard, [job_id for job_id, _ in occ[lo:due[-1] + 1]])
         skipped = []
         for i in due:
             cur = occ[i][0]
@@ -190,7 +190,7 @@ class Recurrer:
         return skipped
 
     def _advance(self, sched: StoredSchedule, fence: str, now: int) -> int:
-        return store_ahead(self.app, self.records, sched, self.owner, fence, now, self.horizon_ms,
+        return store_ahead(self.app, self.store, sched, self.owner, fence, now, self.horizon_ms,
                            self.catch_up_max)
 
     # -- the config ------------------------------------------------------------------------
@@ -212,14 +212,14 @@ class Recurrer:
             logger.exception("recurring schedules: the config has a bad entry; not synced")
             return
         if not self.since_ms:
-            self.since_ms = self.store.now_ms()
+            self.since_ms = self.store.redis.now_ms()
         first = full or self._seen_hashes is None
         seen = self._seen_hashes or {}
         hashes = {name: config_hash(defn) for name, defn in entries.items()}
         for name, defn in entries.items():
             if not first and seen.get(name) == hashes[name]:
                 continue
-            written, old = self.records.put(name, defn, "config", hashes[name], since_ms=self.since_ms)
+            written, old = self.records.put_schedule(name, defn, "config", hashes[name], since_ms=self.since_ms)
             if written:
                 logger.info("recurring schedule %r: config entry written", name)
                 cancel_occurrences(self.store, self.records.shard_of(name), old)
@@ -228,7 +228,7 @@ class Recurrer:
         for name in (self._names if first else sorted(seen)):
             if name in entries:
                 continue
-            code, old = self.records.drop(name, only_config=True, since_ms=self.since_ms)
+            code, old = self.records.drop_schedule(name, only_config=True, since_ms=self.since_ms)
             if code == 1:
                 logger.info("recurring schedule %r: removed from the config, removed", name)
                 cancel_occurrences(self.store, self.records.shard_of(name), old)

@@ -62,7 +62,7 @@ class WakeListener:
         while not self._stop.is_set():
             sub: WakeSubscription | None = None
             try:
-                sub = self.store.subscribe_wake()
+                sub = self.store.fleet.subscribe_wake()
                 while not self._stop.is_set():
                     # A 1 s read timeout is local only: no command is sent.
                     event = sub.get(timeout=1.0)

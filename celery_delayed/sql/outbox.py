@@ -110,7 +110,7 @@ def _cancelled_in_redis(store: Store, latest: dict[str, Row]) -> None:
         for r in live:
             by_shard.setdefault(r.shard, []).append(r)
         for shard, rows in by_shard.items():
-            states = store.record_states(shard, [r.id for r in rows])
+            states = store.lookup.record_states(shard, [r.id for r in rows])
             for r in rows:
                 if states.get(r.id) == JobState.CANCELLED:
                     latest[key_hash(r.idempotency_key or "")] = dataclasses.replace(r, state=JobState.CANCELLED)
@@ -130,7 +130,7 @@ def _index(store: Store, jobs: Sequence[NewJob]) -> bool:
     if not jobs:
         return True
     try:
-        store.schedule(jobs)
+        store.jobs.schedule(jobs)
         return True
     except ReplicationTimeout as exc:  # indexed on the master; the row is the job, the reconciler re-indexes
         logger.warning("%d job(s) indexed in Redis without the replicas' acknowledgement (%s): their rows "

@@ -1,11 +1,14 @@
 """The store: jobs in sharded Redis sorted sets, changed only by Lua scripts.
 
-:class:`Store` (``gateway.py``) is the only code that talks to Redis: one
-method per script in ``lua/``, reply codes mapped to errors in one place and
-Redis errors translated at its boundary (``client.py``). ``keys.py`` formats
-every key, ``loader.py`` loads the scripts, ``records.py`` documents the job
-record, ``broker_layout.py`` knows kombu's Redis layout, and ``views.py``
-lists many jobs (:class:`Pending`, :class:`DeadLetters`, :class:`ShardStatus`).
+:class:`Store` (``gateway.py``) composes the runner (``runner.py``: the only
+code that talks to Redis), the shard layout (``layout.py``) and one facet per
+calling side (``jobs.py``, ``lookup.py``, ``release.py``, ``fleet.py``,
+``executions.py``, ``dead_letters.py``, ``schedules.py``, ``changes.py``,
+``moves.py``): each script of ``lua/`` is run by the one facet method that
+bears its name. ``keys.py`` formats every key, ``loader.py`` loads the
+scripts, ``records.py`` documents the job record, ``broker_layout.py`` knows
+kombu's Redis layout, and ``views.py`` lists many jobs (:class:`Pending`,
+:class:`ShardStatus`).
 """
 
 from __future__ import annotations
@@ -15,11 +18,13 @@ import dataclasses
 from celery import Celery
 
 from .broker_layout import BrokerLayout
-from .gateway import LAYOUT_NOTICE, Store, WakeSubscription
+from .dead_letters import DeadLetter, DeadLetters
+from .fleet import LAYOUT_NOTICE, WakeSubscription
+from .gateway import Store
 from .health import ServerHealth
 from .keys import Keys, ShardKeys, shard_for
 from .records import Batch, NewJob, Outcome, Scheduled, Started, rehome
-from .views import DeadLetter, DeadLetters, EtaFallbacks, Pending, ShardStatus
+from .views import EtaFallbacks, Pending, ShardStatus
 
 __all__ = [
     "LAYOUT_NOTICE",

@@ -38,7 +38,7 @@ class ServerHealth:
         evicting policy if any master has one, AOF off if it is off on any,
         and the memory figures of the fullest master.
         """
-        client = self.store.client
+        client = self.store.redis.client
         if not is_cluster(client):
             info: dict[str, Any] = dict(client.info("memory"))
             info.update(client.info("persistence"))
@@ -47,23 +47,23 @@ class ServerHealth:
 
     def per_master(self) -> dict[str, dict[str, Any]]:
         """On Redis Cluster: ``INFO memory`` and ``INFO persistence`` of each master, by node name."""
-        client: Any = self.store.client
+        client: Any = self.store.redis.client
         mem = client.info("memory", target_nodes=RedisCluster.PRIMARIES)
         per = client.info("persistence", target_nodes=RedisCluster.PRIMARIES)
         return {str(n): {**mem[n], **per.get(n, {})} for n in mem}
 
     def replicas(self) -> int:
         """Replicas of the store's server online (``INFO replication``; on a cluster, the fewest of any master)."""
-        if self.store.cluster:
-            cluster: Any = self.store.client
+        if self.store.redis.cluster:
+            cluster: Any = self.store.redis.client
             return min((_online(cluster.get_redis_connection(node).info("replication"))
                         for node in cluster.get_primaries()), default=0)
-        return _online(self.store.client.info("replication"))
+        return _online(self.store.redis.client.info("replication"))
 
     def replication(self) -> dict[str, Any]:
         """Where the store is: ``sentinel`` (the master name, or None), ``master`` ("host:port" for a
         Sentinel store: the one the Sentinels name now), ``replicas`` online, ``wait_replicas``."""
-        pool: Any = getattr(self.store.client, "connection_pool", None)  # (a cluster client has none)
+        pool: Any = getattr(self.store.redis.client, "connection_pool", None)  # (a cluster client has none)
         name = self.store.config.redis_options.get("master_name") if hasattr(pool, "get_master_address") else None
         master = None
         if name is not None:

@@ -163,6 +163,10 @@ class ShardKeys:
         return f"{self.base}:released"
 
     @property
+    def moving(self) -> str:
+        return f"{self.base}:moving"
+
+    @property
     def changes(self) -> str:
         return f"{self.base}:changes"
 

@@ -3,7 +3,7 @@
 Each script is read from disk, its ``-- @include "name"`` lines replaced by
 ``lua/includes/name.lua``, loaded with SCRIPT LOAD on first use and run with
 EVALSHA; on ``NOSCRIPT`` (a restarted or flushed server) it is loaded again.
-Only the gateway (:mod:`celery_delayed.store.gateway`) runs them.
+Only the store's runner (:mod:`celery_delayed.store.runner`) runs them, for the facets.
 
 A script whose header says ``-- @flags allow-oom`` may run when Redis is at
 ``maxmemory`` (Redis 7's script flags, given as a ``#!lua flags=...`` first
@@ -92,50 +92,27 @@ class Script:
 
 
 class Scripts:
-    """Every script of celery-delayed (one attribute per ``lua/<name>.lua``)."""
+    """Every script of celery-delayed: one attribute per ``lua/<name>.lua``, found by listing the folder.
+
+    The facets name the scripts they run (``SCRIPTS``); an architecture test
+    checks that those names are exactly the files here.
+    """
 
     def __init__(self, flags: bool = False) -> None:
-        # scheduling and job operations
-        self.schedule = Script("schedule", flags)
-        self.schedule_keyed = Script("schedule_keyed", flags)
-        self.cancel = Script("cancel", flags)
-        self.reschedule = Script("reschedule", flags)
-        # release (scheduler side)
-        self.release_due = Script("release_due", flags)
-        self.claim_due = Script("claim_due", flags)
-        self.ack_claimed = Script("ack_claimed", flags)
-        self.refuse_claimed = Script("refuse_claimed", flags)
-        self.rerelease = Script("rerelease", flags)
-        self.heartbeat = Script("heartbeat", flags)
-        self.shard_lease = Script("shard_lease", flags)
-        # worker side: the execution ledger
-        self.start = Script("start", flags)
-        self.extend_lease = Script("extend_lease", flags)
-        self.finish = Script("finish", flags)
-        # failures and the dead-letter queue
-        self.retry = Script("retry", flags)
-        self.fail = Script("fail", flags)
-        self.dead = Script("dead", flags)
-        self.requeue = Script("requeue", flags)
-        self.purge_dead = Script("purge_dead", flags)
-        # interception: delayed sends that went to the broker
-        self.note_fallback = Script("note_fallback", flags)
-        # operators' controls
-        self.pause = Script("pause", flags)
-        self.promote = Script("promote", flags)
-        self.cancel_matching = Script("cancel_matching", flags)
-        # recurring schedules
-        self.put_schedule = Script("put_schedule", flags)
-        self.drop_schedule = Script("drop_schedule", flags)
-        self.pause_schedule = Script("pause_schedule", flags)
-        self.advance_schedule = Script("advance_schedule", flags)
-        # delayed reshard
-        self.move_out = Script("move_out", flags)
-        self.move_in = Script("move_in", flags)
+        self._by_name = {p.stem: Script(p.stem, flags) for p in sorted(lua_dir().glob("*.lua"))}
+        self.__dict__.update(self._by_name)  # plain attributes: a script is looked up on every call
+
+    def __getattr__(self, name: str) -> Script:
+        """Only for a name with no ``lua/<name>.lua`` (the others are plain attributes)."""
+        raise AttributeError(f"celery-delayed has no script lua/{name}.lua")
+
+    def names(self) -> list[str]:
+        """The scripts' names, sorted."""
+        return list(self._by_name)
 
     def all(self) -> list[Script]:
-        """Every script, in declaration order."""
-        return [v for v in vars(self).values() if isinstance(v, Script)]
+        """Every script, sorted by name."""
+        return list(self._by_name.values())
 
 
 @cache

@@ -12,14 +12,15 @@ import logging
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..vocab import Field, JobState
+from .client import translate_errors
+from .facet import Facet
 from .keys import shard_for
+from .lookup import Lookup
 from .records import rehome_message
-
-if TYPE_CHECKING:
-    from .gateway import Store
+from .runner import Runner
 
 logger = logging.getLogger("celery_delayed.reshard")
 
@@ -33,22 +34,44 @@ class MoveCounts:
     by_state: dict[str, int] = field(default_factory=dict)
 
 
+@translate_errors
+class Moves(Facet):
+    """The two halves of moving jobs between shards (``delayed reshard``; a producer meeting a reshard)."""
+
+    SCRIPTS = ("move_out", "move_in")
+
+    def move_out(self, shard: int, take: list[tuple[str, str, str]]) -> list[Any]:
+        """Take (job id, task, queue) of ``take`` out of ``shard`` (``move_out.lua``): MOVING, in its moving set.
+
+        Returns (id, pttl, fields) per job; a pttl of -3: released or running, left where it is.
+        """
+        sk = self.keys.shard(shard)
+        reply: list[Any] = self.redis.run(
+            self.redis.scripts.move_out, [sk.due, sk.buckets, sk.dlq, sk.held, sk.moving],
+            [self.redis.now_arg(None), sk.job_prefix, self.config.bucket_ms, *(x for triple in take for x in triple)])
+        return reply
+
+    def move_in(self, calls: list[tuple[list[str], list[Any]]]) -> None:
+        """Write moved records into their new shards (``move_in.lua``), every shard's call in one round trip."""
+        self.redis.run_many(self.redis.scripts.move_in, calls)
+
+
 class JobMover:
     """Moves jobs, and debounce and throttle entries with their jobs, to their home under a shard count."""
 
-    def __init__(self, store: Store) -> None:
-        self.store = store
-        self.client = store.client
-        self.keys = store.keys
+    def __init__(self, redis: Runner, lookup: Lookup, moves: Moves) -> None:
+        self.redis = redis
+        self.lookup = lookup
+        self.moves = moves
+        self.client = redis.client
+        self.keys = redis.keys
+        self.config = redis.config
         self.counts = MoveCounts()
         self._templates: set[tuple[int, str]] = set()
 
-    def moving_key(self, shard: int) -> str:
-        return self.keys.shard(shard).base + ":moving"
-
     def move_batch(self, shard: int, ids: list[str], new: int) -> int:
         """Move the jobs of ``ids`` (records of ``shard``) whose home under ``new`` is elsewhere."""
-        store, sk = self.store, self.keys.shard(shard)
+        sk = self.keys.shard(shard)
         pipe = self.client.pipeline(transaction=False)
         for job_id in ids:
             pipe.hmget(sk.job(job_id), Field.SHARD_KEY, Field.TASK, Field.QUEUE, Field.TEMPLATE, Field.STATE)
@@ -63,13 +86,11 @@ class JobMover:
                     logger.warning("reshard: job %s is MOVING in its own shard %d; left as it is", job_id, shard)
                 continue
             homes[job_id] = home
-            t, q = store.route_of(shard, task, queue, tid)
+            t, q = self.lookup.route_of(shard, task, queue, tid)
             take.append((job_id, t, q))
         if not take:
             return 0
-        reply = store._run(store.scripts.move_out, [sk.due, sk.buckets, sk.dlq, sk.held, self.moving_key(shard)],
-                           [store._now(None), sk.job_prefix, store.config.bucket_ms,
-                            *(x for triple in take for x in triple)])
+        reply = self.moves.move_out(shard, take)
         route = {job_id: (t, q) for job_id, t, q in take}
         left = 0
         by_home: dict[int, list[tuple[str, int, dict[str, str]]]] = defaultdict(list)
@@ -84,7 +105,7 @@ class JobMover:
         moved: dict[int, list[str]] = defaultdict(list)
         calls = [self.move_in_call(shard, home, recs, route) for home, recs in by_home.items()]
         if calls:  # every new shard's move_in in one round trip
-            self.store._run_many(self.store.scripts.move_in, calls)
+            self.moves.move_in(calls)
         for home, recs in by_home.items():
             moved[home] += [job_id for job_id, _, _ in recs]
             for _, _, rec in recs:
@@ -95,7 +116,7 @@ class JobMover:
         for job_id in done:
             pipe.delete(sk.job(job_id))
         if done:
-            pipe.srem(self.moving_key(shard), *done)
+            pipe.srem(sk.moving, *done)
         pipe.execute()
         self.counts.moved_jobs += len(done)
         for home, ids_ in moved.items():
@@ -105,10 +126,10 @@ class JobMover:
     def move_in_call(self, src: int, home: int, recs: list[tuple[str, int, dict[str, str]]],
                      route: dict[str, tuple[str, str]]) -> tuple[list[str], list[Any]]:
         """The keys and arguments of ``move_in.lua`` for ``recs`` (taken out of ``src``) into ``home``."""
-        store, tk = self.store, self.keys.shard(home)
+        tk = self.keys.shard(home)
         tids = {rec[Field.TEMPLATE] for _, _, rec in recs if Field.TEMPLATE in rec}
         self.copy_templates(src, home, tids)
-        args: list[Any] = [store._now(None), tk.job_prefix, store.config.bucket_ms, self.keys.wake, home]
+        args: list[Any] = [self.redis.now_arg(None), tk.job_prefix, self.config.bucket_ms, self.keys.wake, home]
         for job_id, pttl, rec in recs:
             rec = dict(rec)
             rec[Field.STATE] = rec.pop(Field.MOVED_STATE, rec.get(Field.STATE, ""))

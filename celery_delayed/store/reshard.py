@@ -47,7 +47,8 @@ from typing import Any
 from ..errors import ConfigurationError, InvalidOption
 from ..vocab import ScheduleField
 from .client import translate_errors
-from .gateway import LAYOUT_NOTICE, MEMBERS_NOTICE, Store
+from .fleet import LAYOUT_NOTICE, MEMBERS_NOTICE
+from .gateway import Store
 from .keys import shard_for
 from .moves import JobMover
 
@@ -91,7 +92,8 @@ class Resharder(JobMover):
     """
 
     def __init__(self, store: Store, rows: Any = None, progress: Callable[[str], None] | None = None) -> None:
-        super().__init__(store)
+        super().__init__(store.redis, store.lookup, store.moves)
+        self.store = store
         self.rows = rows
         self.progress = progress or (lambda _line: None)
         self._rows_updated = 0
@@ -142,7 +144,7 @@ class Resharder(JobMover):
         pipe.execute()
         self._copy_pauses(old, new)
         self._tell()
-        self.store.reload_layout()
+        self.store.layout.reload()
         return old
 
     def _copy_pauses(self, old: int, new: int) -> None:
@@ -168,7 +170,7 @@ class Resharder(JobMover):
         t0 = time.monotonic()
         old = self.begin(new)
         report = ReshardReport(old, new)
-        if old == new and self.store.moving_from is None:
+        if old == new and self.store.layout.moving_from is None:
             report.finished = True
             return report
         deadline = time.monotonic() + wait_s
@@ -207,7 +209,7 @@ class Resharder(JobMover):
                 pipe.execute()
         self.client.hdel(self.keys.layout, "from")
         self._tell()
-        self.store.reload_layout()
+        self.store.layout.reload()
 
     # -- one pass ------------------------------------------------------------------------
 
@@ -268,7 +270,7 @@ class Resharder(JobMover):
         """Finish the moves an earlier run took out but did not complete (each shard's ``moving`` set)."""
         left = 0
         for s in range(span):
-            ids = [str(i) for i in self.client.smembers(self.moving_key(s))]
+            ids = [str(i) for i in self.client.smembers(self.keys.shard(s).moving)]
             if ids:
                 left += self._move_jobs({s: ids}, new)
         return left

@@ -18,7 +18,7 @@ from typing import Any
 from ..errors import LeaseLost, StoreUnavailable
 from ..vocab import Reply, ScheduleField
 from .client import translate_errors
-from .gateway import Store
+from .facet import Facet
 from .keys import shard_for
 from .loader import Arg
 
@@ -64,25 +64,19 @@ class StoredSchedule:
 
 
 @translate_errors
-class ScheduleRecords:
+class ScheduleRecords(Facet):
     """The recurring schedules of one store (see the module docstring)."""
 
-    def __init__(self, store: Store) -> None:
-        self.store = store
-        self.url = store.url
+    SCRIPTS = ("put_schedule", "drop_schedule", "pause_schedule", "advance_schedule")
 
     def shard_of(self, name: str) -> int:
         """The shard of a schedule and of all its occurrences: ``crc32(name) % shards``."""
-        return shard_for(name, self.store.shards)
+        return shard_for(name, self.layout.shards)
 
     def _keys(self, name: str) -> tuple[int, list[str]]:
         s = self.shard_of(name)
-        sk = self.store.keys.shard(s)
+        sk = self.keys.shard(s)
         return s, [sk.schedule(name), sk.schedules, sk.occurrences(name)]
-
-    def _run(self, script_name: str, keys: Sequence[str], args: Sequence[Arg]) -> Any:
-        script = getattr(self.store.scripts, script_name)
-        return script(self.store.client, keys, args)
 
     def _on_shard(self, name: str, call: Callable[[int, list[str]], Any]) -> Any:
         """``call(shard, keys)`` on the schedule's shard, again while a reshard moves it.
@@ -97,14 +91,14 @@ class ScheduleRecords:
             s, keys = self._keys(name)
             reply = call(s, keys)
             moved = reply and reply[0] == "!moved"
-            if not moved and not (reply and reply[0] == Reply.NOT_FOUND and self.store.reload_layout(1.0)):
+            if not moved and not (reply and reply[0] == Reply.NOT_FOUND and self.layout.reload(1.0)):
                 return reply
             if time.monotonic() > deadline:
                 raise StoreUnavailable(f"schedule {name!r} is being moved by a reshard for more than 10 s; try again")
-            if moved and not self.store.reload_layout():
+            if moved and not self.layout.reload():
                 time.sleep(0.02)
 
-    def put(self, name: str, definition: dict[str, Any], source: str, config_hash: str = "",
+    def put_schedule(self, name: str, definition: dict[str, Any], source: str, config_hash: str = "",
             now_ms: int | None = None, since_ms: int = 0) -> tuple[bool, list[str]]:
         """Create or replace a schedule (``put_schedule.lua``).
 
@@ -113,38 +107,40 @@ class ScheduleRecords:
         hash is ``config_hash`` already, or when a scheduler started later
         than ``since_ms`` (this one's start) wrote it.
         """
-        self.store.check_layout()
-        self.store.client.sadd(self.store.keys.schedules, name)  # the index first: a reader may see a name too early
+        self.layout.check()
+        self.redis.client.sadd(self.keys.schedules, name)  # the index first: a reader may see a name too early
         text, epoch = json.dumps(definition, sort_keys=True), uuid.uuid4().hex[:16]
-        reply = self._on_shard(name, lambda s, keys: self._run(
-            "put_schedule", keys, [self.store._now(now_ms), name, text, source, config_hash,
-                                   str(since_ms) if source == "config" else "", epoch, f"{s}/{self.store.shards}"]))
+        reply = self._on_shard(name, lambda s, keys: self.redis.run(
+            self.redis.scripts.put_schedule, keys,
+            [self.redis.now_arg(now_ms), name, text, source, config_hash, str(since_ms) if source == "config" else "",
+             epoch, f"{s}/{self.layout.shards}"]))
         return int(reply[0]) == Reply.OK, [str(x) for x in reply[2:]]
 
-    def drop(self, name: str, only_config: bool = False, since_ms: int = 0) -> tuple[int, list[str]]:
+    def drop_schedule(self, name: str, only_config: bool = False, since_ms: int = 0) -> tuple[int, list[str]]:
         """Remove a schedule (``drop_schedule.lua``); return (reply code, occurrence ids to cancel).
 
         ``only_config``: only one that came from the config, and that no
         scheduler started later than ``since_ms`` wrote.
         """
-        reply = self._on_shard(name, lambda _s, keys: self._run(
-            "drop_schedule", keys, [self.store._now(None), name, "config" if only_config else "",
-                                    since_ms, self.store.config.record_ttl_ms]))
+        reply = self._on_shard(name, lambda _s, keys: self.redis.run(
+            self.redis.scripts.drop_schedule, keys,
+            [self.redis.now_arg(None), name, "config" if only_config else "", since_ms, self.config.record_ttl_ms]))
         if int(reply[0]) != Reply.UNCHANGED:
-            self.store.client.srem(self.store.keys.schedules, name)
+            self.redis.client.srem(self.keys.schedules, name)
         return int(reply[0]), [str(x) for x in reply[1:]]
 
     def index(self) -> list[str]:
         """The names of every schedule (one read; ``{prefix}:schedules``)."""
-        return sorted(_text(x) for x in self.store.client.smembers(self.store.keys.schedules))
+        return sorted(_text(x) for x in self.redis.client.smembers(self.keys.schedules))
 
-    def set_paused(self, name: str, paused: bool, now_ms: int | None = None) -> tuple[int, list[str]]:
+    def pause_schedule(self, name: str, paused: bool, now_ms: int | None = None) -> tuple[int, list[str]]:
         """Pause or resume a schedule (``pause_schedule.lua``); return (reply code, occurrence ids to cancel)."""
-        reply = self._on_shard(name, lambda _s, keys: self._run(
-            "pause_schedule", [keys[0], keys[2]], [self.store._now(now_ms), "1" if paused else "0"]))
+        reply = self._on_shard(name, lambda _s, keys: self.redis.run(
+            self.redis.scripts.pause_schedule, [keys[0], keys[2]],
+            [self.redis.now_arg(now_ms), "1" if paused else "0"]))
         return int(reply[0]), [str(x) for x in reply[1:]]
 
-    def advance(self, sched: StoredSchedule, owner: str, fence: str, new_last_ms: int,
+    def advance_schedule(self, sched: StoredSchedule, owner: str, fence: str, new_last_ms: int,
                 occurrences: Sequence[tuple[str, int]], now_ms: int | None = None) -> bool:
         """Record created occurrences and move the cursor (``advance_schedule.lua``), under the shard's lease.
 
@@ -153,13 +149,13 @@ class ScheduleRecords:
         Raises:
             LeaseLost: the caller does not hold the shard's lease.
         """
-        sk = self.store.keys.shard(sched.shard)
-        args: list[Arg] = [self.store._now(now_ms), owner, fence, str(sched.version), sched.last_raw, str(new_last_ms),
-                           KEEP_OCCURRENCES]
+        sk = self.keys.shard(sched.shard)
+        args: list[Arg] = [self.redis.now_arg(now_ms), owner, fence, str(sched.version), sched.last_raw,
+                           str(new_last_ms), KEEP_OCCURRENCES]
         for job_id, fire in occurrences:
             args += [job_id, str(fire)]
-        (code,) = self._run("advance_schedule",
-                            [sk.schedule(sched.name), sk.occurrences(sched.name), sk.lease], args)
+        (code,) = self.redis.run(self.redis.scripts.advance_schedule,
+                                 [sk.schedule(sched.name), sk.occurrences(sched.name), sk.lease], args)
         if code == Reply.NOT_OWNER:
             raise LeaseLost(f"cannot advance schedule {sched.name!r}: shard {sched.shard}'s lease is not held")
         return int(code) == Reply.OK
@@ -167,17 +163,17 @@ class ScheduleRecords:
     def names(self, shards: Iterable[int]) -> dict[int, list[str]]:
         """The schedules' names of each shard, in one round trip."""
         shards = list(shards)
-        pipe = self.store.client.pipeline(transaction=False)
+        pipe = self.redis.client.pipeline(transaction=False)
         for s in shards:
-            pipe.smembers(self.store.keys.shard(s).schedules)
+            pipe.smembers(self.keys.shard(s).schedules)
         return {s: sorted(_text(x) for x in members) for s, members in zip(shards, pipe.execute(), strict=True)}
 
     def read(self, names: dict[int, list[str]]) -> list[StoredSchedule]:
         """The schedules named, by shard, in one round trip (those gone meanwhile are left out)."""
         pairs = [(s, n) for s, ns in names.items() for n in ns]
-        pipe = self.store.client.pipeline(transaction=False)
+        pipe = self.redis.client.pipeline(transaction=False)
         for s, n in pairs:
-            pipe.hgetall(self.store.keys.shard(s).schedule(n))
+            pipe.hgetall(self.keys.shard(s).schedule(n))
         out = []
         for (s, _), raw in zip(pairs, pipe.execute(), strict=True):
             sched = StoredSchedule.from_hash(s, {_text(k): _text(v) for k, v in raw.items()})
@@ -193,12 +189,12 @@ class ScheduleRecords:
 
     def all(self) -> list[StoredSchedule]:
         """Every schedule of the store, sorted by name."""
-        return sorted(self.read(self.names(self.store.shard_range())), key=lambda x: x.name)
+        return sorted(self.read(self.names(self.layout.shard_range())), key=lambda x: x.name)
 
     def occurrences(self, name: str) -> list[tuple[str, int]]:
         """A schedule's recent occurrences: (job id, fire time ms), the earliest first."""
         s = self.shard_of(name)
-        raw: list[Any] = self.store.client.zrange(self.store.keys.shard(s).occurrences(name), 0, -1,
+        raw: list[Any] = self.redis.client.zrange(self.keys.shard(s).occurrences(name), 0, -1,
                                                   withscores=True)
         return [(_text(item[0]), int(item[1])) for item in raw]
 

@@ -123,11 +123,11 @@ class FleetStats:
     def snapshot(self) -> Snapshot:
         """Every figure, summed over the shards."""
         store = self.store
-        store.reload_layout(2.0)
-        n = store.span
+        store.layout.reload(2.0)
+        n = store.layout.span
         bucketed = store.config.bucket_ms > 0
-        now = store.now_ms()
-        pipe = store.client.pipeline(transaction=False)
+        now = store.redis.now_ms()
+        pipe = store.redis.client.pipeline(transaction=False)
         for s in range(n):
             sk = store.keys.shard(s)
             pipe.hgetall(sk.stats)
@@ -174,7 +174,7 @@ class FleetStats:
                            next_due_ms=int(first[0][1]) if first else None)
             rows.append(row)
         # Second round trip: the pending index (and the time buckets' sets when bucketing is on).
-        pipe = store.client.pipeline(transaction=False)
+        pipe = store.redis.client.pipeline(transaction=False)
         for s, p in parts:
             pipe.zcard(store.keys.shard(s).index(p))
         for s in range(n):
@@ -202,7 +202,7 @@ class FleetStats:
         nexts = [r["next_due_ms"] for r in rows if r["next_due_ms"] is not None]
         oldest = min(nexts) if nexts else None
         return Snapshot(
-            now_ms=now, shards=n, moving_from=store.moving_from, counters=counters,
+            now_ms=now, shards=n, moving_from=store.layout.moving_from, counters=counters,
             queued=max(0, totals.get("queued", 0)), running=max(0, totals.get("running", 0)),
             release_lateness=_hist(totals, "rl"), start_lateness=_hist(totals, "sl"),
             pending=sum(r["pending"] for r in rows), pending_by=pending_by,
@@ -216,14 +216,14 @@ class FleetStats:
     def coming_due(self, start_ms: int, step_ms: int, steps: int) -> list[int]:
         """How many scheduled jobs fall due in each of ``steps`` windows of ``step_ms`` from ``start_ms``."""
         store = self.store
-        keys = [store.keys.shard(s).due for s in store.shard_range()]
+        keys = [store.keys.shard(s).due for s in store.layout.shard_range()]
         if store.config.bucket_ms > 0:
-            pipe = store.client.pipeline(transaction=False)
-            for s in store.shard_range():
+            pipe = store.redis.client.pipeline(transaction=False)
+            for s in store.layout.shard_range():
                 pipe.zrangebyscore(store.keys.shard(s).buckets, start_ms - store.config.bucket_ms,
                                    start_ms + step_ms * steps)
             keys = [str(k) for ks in pipe.execute() for k in ks]
-        pipe = store.client.pipeline(transaction=False)
+        pipe = store.redis.client.pipeline(transaction=False)
         for k in keys:
             for i in range(steps):
                 lo = start_ms + i * step_ms

@@ -1,13 +1,11 @@
 """Views over many jobs: each owns its listing and paging (as RQ's registries do).
 
 - :class:`Pending`: scheduled jobs, in due order.
-- :class:`DeadLetters`: the dead-letter queue, most recent death first; show,
-  requeue and purge.
 - :class:`ShardStatus`: per shard, pending, overdue and in-flight counts; the
   delayed sends that interception sent to the broker (``eta_fallbacks``).
 
-They read through the store's client and change the store only through the
-gateway's scripts.
+They only read, through the store's runner (the dead-letter queue has a
+facet of its own, :mod:`.dead_letters`).
 """
 
 from __future__ import annotations
@@ -17,27 +15,17 @@ from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import InvalidOption, InvalidState, raise_for
-from ..vocab import ETA_FALLBACK_LAST, ETA_FALLBACKS, Field, JobState, Reply
+from ..vocab import ETA_FALLBACK_LAST, ETA_FALLBACKS, Field, JobState
 from .client import translate_errors
 from .gateway import Store
-
-_PAGE = 500
-_PURGE_BATCH = 1000
-
-
-def _check_page(offset: int, limit: int) -> None:
-    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0 \
-            or isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise InvalidOption(f"offset must be an int >= 0 and limit an int >= 1, got offset={offset!r}, "
-                            f"limit={limit!r}")
+from .paging import PAGE, check_page
 
 
 def _due_keys(store: Store, shard: int) -> list[str]:
     sk = store.keys.shard(shard)
     if store.config.bucket_ms <= 0:
         return [sk.due]
-    return [str(k) for k in store.client.zrange(sk.buckets, 0, -1)]
+    return [str(k) for k in store.redis.client.zrange(sk.buckets, 0, -1)]
 
 
 @translate_errors
@@ -51,11 +39,11 @@ class ShardStatus:
     def rows(self, now_ms: int | None = None) -> list[dict[str, Any]]:
         """Per shard: pending jobs, in-flight claims, next due time and oldest overdue (ms)."""
         store = self.store
-        now = store.now_ms() if now_ms is None else now_ms
+        now = store.redis.now_ms() if now_ms is None else now_ms
         out = []
-        for s in store.shard_range():
+        for s in store.layout.shard_range():
             due_keys = _due_keys(store, s)
-            pipe = store.client.pipeline(transaction=False)
+            pipe = store.redis.client.pipeline(transaction=False)
             for k in due_keys:
                 pipe.zcard(k)
                 pipe.zrange(k, 0, 0, withscores=True)
@@ -98,8 +86,8 @@ class EtaFallbacks:
 
 
 def _eta_fallbacks(store: Store) -> EtaFallbacks:
-    pipe = store.client.pipeline(transaction=False)
-    for s in store.shard_range():
+    pipe = store.redis.client.pipeline(transaction=False)
+    for s in store.layout.shard_range():
         pipe.hmget(store.keys.shard(s).stats, ETA_FALLBACKS, ETA_FALLBACK_LAST)
     total, last = 0, ""
     for count, latest in pipe.execute():
@@ -125,11 +113,11 @@ class Pending:
 
         Each row: ``id``, ``shard``, ``due`` (epoch ms), ``task``, ``queue``, ``st``.
         """
-        _check_page(offset, limit)
+        check_page(offset, limit)
         store = self.store
-        keys = [(s, store.keys.shard(s).index(p)) for s in store.shard_range()
-                for p in store.index_parts(s, task)] if task else \
-            [(s, k) for s in store.shard_range() for k in [*_due_keys(store, s), store.keys.shard(s).held]]
+        keys = [(s, store.keys.shard(s).index(p)) for s in store.layout.shard_range()
+                for p in store.jobs.index_parts(s, task)] if task else \
+            [(s, k) for s in store.layout.shard_range() for k in [*_due_keys(store, s), store.keys.shard(s).held]]
         streams = [self._shard_stream(s, k) for s, k in keys]
         merged = heapq.merge(*streams)
         out: list[dict[str, Any]] = []
@@ -137,7 +125,7 @@ class Pending:
         batch: list[tuple[int, int, str]] = []
         for entry in merged:
             batch.append(entry)
-            if len(batch) < min(_PAGE, offset + limit):
+            if len(batch) < min(PAGE, offset + limit):
                 continue
             skipped = self._rows(batch, task, offset, skipped, limit, out)
             batch = []
@@ -154,10 +142,10 @@ class Pending:
         scheduled jobs of the store (two round trips per 200 looked at, plus
         one per shard and due set to start the merge).
         """
-        _check_page(0, limit)
+        check_page(0, limit)
         store = self.store
         wanted = set(queues)
-        streams = [self._shard_stream(s, k) for s in store.shard_range() for k in _due_keys(store, s)]
+        streams = [self._shard_stream(s, k) for s in store.layout.shard_range() for k in _due_keys(store, s)]
         out: list[tuple[int, str]] = []
         batch: list[tuple[int, int, str]] = []
         for n, entry in enumerate(heapq.merge(*streams), 1):
@@ -175,25 +163,26 @@ class Pending:
     def _messages(self, batch: list[tuple[int, int, str]], queues: set[str], limit: int,
                   out: list[tuple[int, str]]) -> None:
         keys = self.store.keys
-        pipe = self.store.client.pipeline(transaction=False)
+        pipe = self.store.redis.client.pipeline(transaction=False)
         for _, s, jid in batch:
             pipe.hmget(keys.shard(s).job(jid), Field.TASK, Field.QUEUE, Field.STATE, Field.TEMPLATE)
         hits = [(due, s, jid) for (due, s, jid), (t, q, st, tp) in zip(batch, pipe.execute(), strict=True)
-                if st == JobState.SCHEDULED and self.store.route_of(s, t, q, tp)[1] in queues][: limit - len(out)]
+                if st == JobState.SCHEDULED
+                and self.store.lookup.route_of(s, t, q, tp)[1] in queues][: limit - len(out)]
         if not hits:
             return
-        msgs = self.store.messages([(s, jid) for _, s, jid in hits])
+        msgs = self.store.lookup.messages([(s, jid) for _, s, jid in hits])
         out.extend((due, msg) for (due, _, _), msg in zip(hits, msgs, strict=True) if msg)
 
     def _rows(self, batch: list[tuple[int, int, str]], task: str | None, offset: int, skipped: int, limit: int,
               out: list[dict[str, Any]]) -> int:
         """Append the rows of ``batch`` (after ``offset`` matching ones) to ``out``; return the new skip count."""
         store = self.store
-        pipe = store.client.pipeline(transaction=False)
+        pipe = store.redis.client.pipeline(transaction=False)
         for _, s, jid in batch:
             pipe.hmget(store.keys.shard(s).job(jid), Field.TASK, Field.QUEUE, Field.STATE, Field.TEMPLATE)
         for (due, s, jid), (tname, q, st, tp) in zip(batch, pipe.execute(), strict=True):
-            tname, q = store.route_of(s, tname, q, tp)
+            tname, q = store.lookup.route_of(s, tname, q, tp)
             if task and tname != task:
                 continue
             if skipped < offset:
@@ -208,7 +197,7 @@ class Pending:
         """(due, shard, id) of one due set, earliest first, read a page at a time."""
         start = 0
         while True:
-            page: list[Any] = list(self.store.client.zrange(key, start, start + _PAGE - 1, withscores=True))
+            page: list[Any] = list(self.store.redis.client.zrange(key, start, start + PAGE - 1, withscores=True))
             if not page:
                 return
             for jid, due in page:
@@ -227,20 +216,20 @@ class Pending:
         deep it is: no page scans the store. Rows as :meth:`page`, with
         ``ik`` (the idempotency key) and ``created``.
         """
-        _check_page(0, limit)
+        check_page(0, limit)
         store = self.store
         keys: list[tuple[int, str]] = []
-        for s in store.shard_range():
+        for s in store.layout.shard_range():
             sk = store.keys.shard(s)
             if task is not None or queue is not None:
-                keys += [(s, sk.index(p)) for p in store.index_parts(s, task, queue)]
+                keys += [(s, sk.index(p)) for p in store.jobs.index_parts(s, task, queue)]
             else:
                 keys += [(s, k) for k in _due_keys(store, s)] + [(s, sk.held)]
         rank: int | None = None
         if after is not None:
-            found: Any = store.client.zrank(after[1], after[2])
+            found: Any = store.redis.client.zrank(after[1], after[2])
             rank = None if found is None else int(found)
-        pipe = store.client.pipeline(transaction=False)
+        pipe = store.redis.client.pipeline(transaction=False)
         for _, k in keys:
             if after is None:
                 pipe.zrange(k, 0, limit - 1, withscores=True)
@@ -254,193 +243,14 @@ class Pending:
             entries += [(int(due), k, str(jid), s) for jid, due in page]
         entries.sort()
         entries = entries[:limit]
-        pipe = store.client.pipeline(transaction=False)
+        pipe = store.redis.client.pipeline(transaction=False)
         for _, _, jid, s in entries:
             pipe.hmget(store.keys.shard(s).job(jid), Field.TASK, Field.QUEUE, Field.STATE, Field.IDEMPOTENCY_KEY,
                        Field.CREATED, Field.TEMPLATE)
         rows = []
         for (due, _, jid, s), (tname, q, st, ik, created, tp) in zip(entries, pipe.execute(), strict=True):
-            tname, q = store.route_of(s, tname, q, tp)
+            tname, q = store.lookup.route_of(s, tname, q, tp)
             rows.append({"id": jid, "shard": s, "due": due, "task": tname or "", "queue": q or "", "st": st or "",
                          "ik": ik or "", "created": int(float(created)) if created else None})
         nxt = (entries[-1][0], entries[-1][1], entries[-1][2]) if len(entries) == limit else None
         return rows, nxt
-
-
-@dataclass(frozen=True)
-class DeadLetter:
-    """One dead letter, as listed (``show`` gives the whole record)."""
-
-    id: str
-    shard: int
-    died_ms: int
-    task: str
-    queue: str
-    error: str  # "<exception type>: <message>", or the misfire reason
-    attempts: int
-    host: str
-
-    def as_dict(self) -> dict[str, Any]:
-        """The letter as a JSON-ready dict."""
-        return {"id": self.id, "shard": self.shard, "died_ms": self.died_ms, "task": self.task,
-                "queue": self.queue, "error": self.error, "attempts": self.attempts, "host": self.host}
-
-
-_SUMMARY = (Field.TASK, Field.QUEUE, Field.ERROR_TYPE, Field.ERROR_MESSAGE, Field.REASON, Field.ATTEMPTS,
-            Field.HOST, Field.STATE)
-
-
-def _letter(job_id: str, shard: int, died: float, rec: list[Any]) -> DeadLetter:
-    task, q, etype, emsg, reason, attempts, host = (rec[i] or "" for i in range(7))
-    error = f"{etype}: {emsg}" if etype else reason
-    try:
-        n = int(attempts)
-    except ValueError:
-        n = 0
-    return DeadLetter(job_id, shard, int(died), task, q, error, n, host)
-
-
-@translate_errors
-class DeadLetters:
-    """The dead-letter queue of one store: every shard's ``dlq`` set, merged by time of death.
-
-    A dead letter is the job's record (state DEAD) indexed in its shard's
-    ``{p}:{s}:dlq`` sorted set by time of death. It keeps the task name, the
-    arguments (``args``/``kwargs`` as reprs, and a message ready to send), the
-    exception type and message, the traceback, ``attempts``, the first and
-    last attempt times, the worker hostname and when it died. A job
-    dead-lettered by the misfire policy carries a ``reason`` instead of an
-    exception. Each death trims letters older than ``delayed_dlq_max_age_s``
-    and, per shard, beyond ``ceil(delayed_dlq_max_len / delayed_shards)``.
-    """
-
-    def __init__(self, store: Store) -> None:
-        self.store = store
-        self.url = store.url
-
-    def count(self) -> int:
-        """The number of dead letters over all shards."""
-        store = self.store
-        pipe = store.client.pipeline(transaction=False)
-        for s in store.shard_range():
-            pipe.zcard(store.keys.shard(s).dlq)
-        return sum(int(n) for n in pipe.execute())
-
-    def page(self, offset: int = 0, limit: int = 50, task: str | None = None) -> list[DeadLetter]:
-        """Dead letters, most recent death first, optionally of one task name.
-
-        Raises:
-            InvalidOption: a negative offset or a limit below 1.
-        """
-        _check_page(offset, limit)
-        store = self.store
-        merged = heapq.merge(*(self._shard_stream(s) for s in store.shard_range()), key=lambda e: -e[0])
-        out: list[DeadLetter] = []
-        skipped = 0
-        batch: list[tuple[float, int, str]] = []
-
-        def flush() -> bool:
-            nonlocal skipped
-            pipe = store.client.pipeline(transaction=False)
-            for _, s, jid in batch:
-                pipe.hmget(store.keys.shard(s).job(jid), *_SUMMARY)
-            for (died, s, jid), rec in zip(batch, pipe.execute(), strict=True):
-                if rec[-1] != JobState.DEAD or (task and rec[0] != task):
-                    continue
-                if skipped < offset:
-                    skipped += 1
-                    continue
-                out.append(_letter(jid, s, died, rec))
-                if len(out) >= limit:
-                    return True
-            batch.clear()
-            return False
-
-        for entry in merged:
-            batch.append(entry)
-            if len(batch) >= min(_PAGE, offset + limit) and flush():
-                return out
-        if batch:
-            flush()
-        return out
-
-    def _shard_stream(self, shard: int) -> Iterator[tuple[float, int, str]]:
-        """(died, shard, id) of one shard, most recent first, read a page at a time."""
-        key = self.store.keys.shard(shard).dlq
-        start = 0
-        while True:
-            page: list[Any] = list(self.store.client.zrevrange(key, start, start + _PAGE - 1, withscores=True))
-            if not page:
-                return
-            for jid, died in page:
-                yield (float(died), shard, str(jid))
-            start += len(page)
-
-    def show(self, job_id: str) -> dict[str, str]:
-        """The whole record of a dead letter (traceback included, message left out).
-
-        Raises:
-            JobNotFound: no record with this id.
-            InvalidState: the job exists but is not DEAD.
-        """
-        rec = self.store.get(job_id)
-        if rec.get(Field.STATE) != JobState.DEAD:
-            raise InvalidState(job_id, rec.get(Field.STATE, "?"), "show as a dead letter")
-        return rec
-
-    def requeue(self, job_id: str, due: str) -> int:
-        """Schedule one dead letter again at ``due`` ('<ms>' or '+<ms>'); return its due time (epoch ms).
-
-        Raises:
-            JobNotFound: no record with this id.
-            InvalidState: it is not DEAD, or it has no message to send.
-        """
-        due_ms, outcomes = self.store.requeue(self.store.locate(job_id), [job_id], due)
-        raise_for(outcomes[0].code, job_id, outcomes[0].state, "requeue")
-        return due_ms
-
-    def requeue_all(self, due: str, task: str | None = None) -> int:
-        """Schedule every dead letter (of one task name, if given) again; return how many."""
-        store = self.store
-        total = 0
-        for s in store.shard_range():
-            sk = store.keys.shard(s)
-            stuck = 0  # letters requeue cannot move (no message), or of another task: skip past them
-            while True:
-                ids = [str(i) for i in store.client.zrange(sk.dlq, stuck, stuck + _PAGE - 1)]
-                if not ids:
-                    break
-                if task:
-                    pipe = store.client.pipeline(transaction=False)
-                    for jid in ids:
-                        pipe.hget(sk.job(jid), Field.TASK)
-                    keep = [jid for jid, name in zip(ids, pipe.execute(), strict=True) if name == task]
-                    stuck += len(ids) - len(keep)
-                    ids = keep
-                    if not ids:
-                        continue
-                _, outcomes = store.requeue(s, ids, due)
-                total += sum(1 for o in outcomes if o.code == Reply.OK)
-                stuck += sum(1 for o in outcomes if o.code == Reply.NO_MESSAGE)
-        return total
-
-    def purge(self, older_than_s: float | None = None) -> int:
-        """Delete dead letters that died more than ``older_than_s`` seconds ago (None: all); return how many.
-
-        Raises:
-            InvalidOption: a negative or non-numeric ``older_than_s``.
-        """
-        age_ms = None
-        if older_than_s is not None:
-            if isinstance(older_than_s, bool) or not isinstance(older_than_s, (int, float)) \
-                    or not older_than_s >= 0:
-                raise InvalidOption(f"older_than must be a number of seconds >= 0, got {older_than_s!r}")
-            age_ms = int(older_than_s * 1000)
-        total = 0
-        for s in self.store.shard_range():
-            while True:
-                n = self.store.purge_dead(s, age_ms, _PURGE_BATCH)
-                total += n
-                if n < _PURGE_BATCH:
-                    break
-        return total

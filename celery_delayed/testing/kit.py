@@ -183,7 +183,7 @@ class DelayedTestKit:
         config = dataclasses.replace(config, key_prefix=key_prefix or f"dt{uuid.uuid4().hex[:12]}")
         self.clock = DelayedClock(start)
         self.store = Store(app, config)
-        self.store.clock = self.clock
+        self.store.redis.clock = self.clock
         self._previous_config = set_config(app, config)
         self._previous = set_store(app, self.store)
         track_plain_tasks(app)  # as a worker does at start: plain tasks given to apply_later are tracked too
@@ -202,7 +202,7 @@ class DelayedTestKit:
         set_store(self.app, self._previous)
         set_config(self.app, self._previous_config)
         self.store.drop_everything()
-        self.store.close()
+        self.store.redis.close()
 
     def __enter__(self) -> DelayedTestKit:
         return self
@@ -223,7 +223,7 @@ class DelayedTestKit:
             if len(got) < 500:
                 break
             page += 1
-        messages = self.store.messages([(int(r["shard"]), str(r["id"])) for r in rows])
+        messages = self.store.lookup.messages([(int(r["shard"]), str(r["id"])) for r in rows])
         out = []
         for row, msg in zip(rows, messages, strict=True):
             args, kwargs = _arguments(msg)[:2] if msg is not None else ([], {})
@@ -280,15 +280,15 @@ class DelayedTestKit:
         """
         self.tick_schedules()
         ids = []
-        for shard in self.store.shard_range():
+        for shard in self.store.layout.shard_range():
             while True:
-                batch = self.store.claim_due(shard)
+                batch = self.store.release.claim_due(shard)
                 if not batch.count and not batch.skipped:  # (a batch of expired jobs only: more may follow)
                     break
                 for jid, (msg, ex, rk, _q) in zip(batch.ids, batch.messages, strict=True):
                     self.released.append((shard, str(jid), str(msg), str(ex or ""), str(rk or "")))
                     ids.append(str(jid))
-                self.store.ack_claimed(shard, batch.ids)
+                self.store.release.ack_claimed(shard, batch.ids)
         return ids
 
     def tick_schedules(self) -> int:
@@ -298,7 +298,7 @@ class DelayedTestKit:
         from ..scheduler.recurring import Recurrer  # the scheduler's keeper of recurring schedules
 
         if self._recurrer is None:
-            shards = dict.fromkeys(self.store.shard_range(), "")  # '': no lease to hold
+            shards = dict.fromkeys(self.store.layout.shard_range(), "")  # '': no lease to hold
             self._recurrer = Recurrer(self.app, self.store, "", lambda: shards)
         return self._recurrer.tick(fresh=True)
 
@@ -349,14 +349,14 @@ class DelayedTestKit:
         }
         retval, info, _, _ = trace_task(task, headers.get("id") or jid, args, kwargs, request,
                                         hostname=HOSTNAME, loader=self.app.loader, app=self.app)
-        self.store.drain_replies()  # a success is recorded without waiting: have it recorded now
+        self.store.executions.drain_replies()  # a success is recorded without waiting: have it recorded now
         state = info.state if info is not None else "SUCCESS"
         exc = getattr(info, "retval", None) if info is not None else None
         exc = getattr(exc, "exception", exc)
         cause = getattr(exc, "exc", None)
         if state == "RETRY" and isinstance(cause, BaseException):
             exc = cause  # Celery's Retry: the exception that caused it
-        rec = self.store.records(shard, [jid]).get(jid) or {}
+        rec = self.store.lookup.records(shard, [jid]).get(jid) or {}
         return RanJob(jid, name, args, kwargs, state, retval if info is None else None,
                       exc if isinstance(exc, BaseException) else None, str(rec.get("st", "")))
 
@@ -365,7 +365,7 @@ class DelayedTestKit:
     def job_state(self, job_id: str) -> str | None:
         """The state of a job's record (None: no record)."""
         try:
-            return str(self.store.get(job_id).get("st"))
+            return str(self.store.lookup.get(job_id).get("st"))
         except LookupError:
             return None
 

@@ -13,8 +13,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 from urllib.parse import quote, urlencode
 
+from ..store.dead_letters import DeadLetter
 from ..store.stats import LATENESS_BOUNDS_MS, Histogram, Snapshot
-from ..store.views import DeadLetter
 from ..timeutil import from_ms
 from ..vocab import TIME_FIELDS, Field, JobState
 

@@ -148,9 +148,10 @@ class Handler(BaseHTTPRequestHandler):
             nav_overview=' class="current"' if nav == "overview" else "",
             nav_jobs=' class="current"' if nav == "jobs" else "", nav_dlq=' class="current"' if nav == "dlq" else "",
             nav_schedules=' class="current"' if nav == "schedules" else "",
-            store=pages.e(f"prefix {cfg.key_prefix} · {self.dash.store.shards} shards"),
+            store=pages.e(f"prefix {cfg.key_prefix} · {self.dash.store.layout.shards} shards"),
             mode=" · read-only" if self.dash.read_only else "",
-            render_ms=f"{(time.perf_counter() - t0) * 1000:.0f}", now=pages.e(pages.when(self.dash.store.now_ms())),
+            render_ms=f"{(time.perf_counter() - t0) * 1000:.0f}",
+            now=pages.e(pages.when(self.dash.store.redis.now_ms())),
         )
         self._send(status, html.encode("utf-8"))
 
@@ -255,9 +256,9 @@ class Handler(BaseHTTPRequestHandler):
             return
         m = _JOB.match(path)
         if m and not m.group(2):
-            rec = dash.store.get(unquote(m.group(1)))
-            msg = dash.store.message(rec["id"], int(rec["shard"]))
-            self._page(f"Job {rec['id']}", pages.job(rec, msg, dash.store.now_ms(), dash.csrf, dash.read_only),
+            rec = dash.store.lookup.get(unquote(m.group(1)))
+            msg = dash.store.lookup.message(rec["id"], int(rec["shard"]))
+            self._page(f"Job {rec['id']}", pages.job(rec, msg, dash.store.redis.now_ms(), dash.csrf, dash.read_only),
                        "jobs", t0)
             return
         if path == "/dlq":
@@ -280,7 +281,7 @@ class Handler(BaseHTTPRequestHandler):
         if search:
             for candidate in (search, job_id_for_key(search)):
                 try:
-                    store.locate(candidate)
+                    store.lookup.locate(candidate)
                 except JobNotFound:
                     continue
                 self._redirect("/jobs/" + quote(candidate, safe=""))
@@ -293,7 +294,7 @@ class Handler(BaseHTTPRequestHandler):
         base = {k: v for k, v in (("task", task), ("queue", queue)) if v}
         next_link = "/jobs?" + urlencode({**base, "after": f"{nxt[0]}|{nxt[1]}|{nxt[2]}"}) if nxt else None
         first_link = "/jobs?" + urlencode(base) if after else None
-        body = pages.pending(rows, store.now_ms(), task, queue, next_link, first_link, note)
+        body = pages.pending(rows, store.redis.now_ms(), task, queue, next_link, first_link, note)
         self._page("Pending jobs", body, "jobs", t0, search=search)
 
     # -- POST (actions) -------------------------------------------------------------
@@ -339,7 +340,7 @@ class Handler(BaseHTTPRequestHandler):
                 controls.promote(app, jid)
                 self._redirect(here, "due now: the scheduler releases it at once")
             else:
-                due = dash.store.reschedule(jid, _when(form.get("when", ""), app))
+                due = dash.store.jobs.reschedule(jid, _when(form.get("when", ""), app))
                 self._redirect(here, f"rescheduled to {pages.when(due)}")
             return
         m = _DLQ.match(path)
@@ -361,7 +362,7 @@ class Handler(BaseHTTPRequestHandler):
             flag = form.get("flag", "")
             scope, _, name = flag.partition(":")
             if scope == "all":
-                moved = dash.store.resume(["all"])
+                moved = dash.store.jobs.resume(["all"])
             else:
                 moved = controls.resume(app, **{scope: name}) if scope in ("task", "queue") else 0
             self._redirect("/", f"resumed {flag}: {moved} held job(s) released")

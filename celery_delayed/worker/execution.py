@@ -74,8 +74,8 @@ def job_store(app: Any, request: Any) -> Store:
 def job_shard(store: Store, request: Any) -> int:
     """The shard of the job a Celery request runs: its ``delayed_shard`` header, else the id's own shard."""
     shard = request_shard(request)
-    if shard is None or not store.valid_shard(shard):
-        return store.shard_of(request.id)
+    if shard is None or not store.layout.valid_shard(shard):
+        return store.layout.shard_of(request.id)
     return shard
 
 
@@ -121,7 +121,7 @@ class LeaseKeeper:
             return False
         ex = self.execution
         try:
-            if not self.store.extend_lease(ex.job_id, ex.shard, ex.owner, ex.delivery_tag):
+            if not self.store.executions.extend_lease(ex.job_id, ex.shard, ex.owner, ex.delivery_tag):
                 if not self.stopped:  # not just a beat that raced finish()
                     self.lost = True
                     logger.warning("job %s: execution lease lost (cancelled or taken over)", ex.job_id)

@@ -206,7 +206,8 @@ class Failures:
             fields.pop(Field.TRACEBACK)  # the traceback is kept for the dead letter only
         fields[Field.HOST] = attempt.hostname
         fields[Field.DELAY] = "" if delay_ms is None else str(delay_ms)
-        return self.store.retry(attempt.job_id, attempt.shard, due, attempt.number, fields, owner=attempt.owner)
+        return self.store.executions.retry(attempt.job_id, attempt.shard, due, attempt.number, fields,
+                                           owner=attempt.owner)
 
     def dead_letter(self, attempt: Attempt, exc: BaseException, tb: str | None = None) -> Outcome:
         """Move the job to the dead-letter queue with its arguments, exception and traceback."""
@@ -216,7 +217,7 @@ class Failures:
         fields.update({Field.HOST: attempt.hostname, Field.ARGS: saferepr(attempt.args, _REPR_MAX),
                        Field.KWARGS: saferepr(attempt.kwargs, _REPR_MAX), Field.ATTEMPTS: str(attempt.number),
                        Field.DELAY: ""})
-        outcome = self.store.dead(attempt.job_id, attempt.shard, fields, owner=attempt.owner)
+        outcome = self.store.executions.dead(attempt.job_id, attempt.shard, fields, owner=attempt.owner)
         if not outcome.ok:
             logger.warning("%s[%s] ran out of attempts but its record is %s: not dead-lettered",
                            attempt.task_name, attempt.job_id, outcome.state)
@@ -231,7 +232,7 @@ class Failures:
         """Mark the job FAILED (a final failure that is not dead-lettered)."""
         fields = exception_fields(exc, tb)
         fields[Field.HOST] = attempt.hostname
-        outcome = self.store.fail(attempt.job_id, attempt.shard, fields, owner=attempt.owner)
+        outcome = self.store.executions.fail(attempt.job_id, attempt.shard, fields, owner=attempt.owner)
         if not outcome.ok:
             logger.info("%s[%s] failed; its record stays %s", attempt.task_name, attempt.job_id, outcome.state)
         return outcome

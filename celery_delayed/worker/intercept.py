@@ -189,7 +189,7 @@ def _fall_back(app: Celery, name: str, task_id: str | None, reason: str) -> None
     logger.warning("%s sent to the broker as an ETA message, not stored by celery-delayed: %s", name, reason)
     try:
         store = get_store(app)
-        store.note_fallback(store.shard_of(task_id or name), name, reason)
+        store.jobs.note_fallback(store.layout.shard_of(task_id or name), name, reason)
     except Exception as exc:  # counting is best effort: the call goes out either way
         logger.warning("could not count the ETA fallback of %s in the store: %s", name, exc)
 
@@ -205,10 +205,10 @@ def _store_retry(app: Celery, name: str, args: Any, kwargs: Any, when: Any, task
     if shard is None and running is not None and running.request.id == task_id:
         s = job_shard(store, running.request)
     else:
-        s = _valid_shard(shard, store, store.shard_of(task_id))
+        s = _valid_shard(shard, store, store.layout.shard_of(task_id))
     attempt = Attempt(task_id, s, name, retries, args, kwargs, opts, task_type=task_type)
     fields = Failures(app, store).attempt_fields(attempt, retries, eta=eta, properties=properties)
-    outcome = store.retry(task_id, s, due_spec(when, app.timezone), retries, fields)
+    outcome = store.executions.retry(task_id, s, due_spec(when, app.timezone), retries, fields)
     if outcome.code < 0:
         raise InvalidState(task_id, outcome.state, "retry")
     return DelayedResult(task_id, store=store, shard=s, due_ms=outcome.due_ms, created=outcome.code == Reply.OK)
@@ -219,4 +219,4 @@ def _valid_shard(value: Any, store: Store, default: int) -> int:
         s = int(value)
     except (TypeError, ValueError):
         return default
-    return s if store.valid_shard(s) else default
+    return s if store.layout.valid_shard(s) else default

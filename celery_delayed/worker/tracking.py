@@ -90,13 +90,13 @@ def run_tracked(task: Task, body: Body, args: Any, kwargs: Any, on_failure: OnFa
 def _start(task: Task, store: Store, job_id: str, shard: int, owner: str, hostname: str) -> Started:
     gen = request_header(task.request, GENERATION_HEADER)
     generation = int(gen) if isinstance(gen, int) and not isinstance(gen, bool) else 0
-    started = store.start(job_id, shard, owner, hostname, generation=generation)
+    started = store.executions.start(job_id, shard, owner, hostname, generation=generation)
     if started.busy:
         logger.info("Job %s[%s] is running elsewhere: waiting for it to end or its lease to pass", task.name, job_id)
     poll_s = max(store.config.exec_lease_ms / 3000.0, 0.05)
     while started.busy:
         time.sleep(poll_s)
-        started = store.start(job_id, shard, owner, hostname, generation=generation)
+        started = store.executions.start(job_id, shard, owner, hostname, generation=generation)
     return started
 
 
@@ -118,10 +118,10 @@ def _finish(task: Task, store: Store, ex: Execution, outcome: str, reason: str =
     try:
         if outcome == JobState.SUCCEEDED:
             # Sent now, its reply read with this thread's next store call: no round trip waited for.
-            store.finish_later(ex.job_id, ex.shard, ex.owner, outcome, reason,
+            store.executions.finish_later(ex.job_id, ex.shard, ex.owner, outcome, reason,
                                on_outcome=functools.partial(_recorded, task.name, ex.job_id, outcome))
             return
-        result = store.finish(ex.job_id, ex.shard, ex.owner, outcome, reason)
+        result = store.executions.finish(ex.job_id, ex.shard, ex.owner, outcome, reason)
     except Exception as exc:  # the store is down, full, or refused the write
         _recorded(task.name, ex.job_id, outcome, exc)
         return

@@ -90,7 +90,7 @@ def _celery_it_check(celery_session_app: Any, request: pytest.FixtureRequest) ->
         request.getfixturevalue("celery_session_worker")
         store = celery_delayed.get_store(celery_session_app)
         deadline = time.monotonic() + 30
-        while not store.live_members():
+        while not store.fleet.live_members():
             if time.monotonic() > deadline:
                 pytest.exit("the session worker runs no celery-delayed scheduler", returncode=3)
             time.sleep(0.1)

@@ -54,16 +54,16 @@ def test_a_plain_url_of_any_node_is_found_to_be_a_cluster_with_one_question(redi
     ports = [n.port for n in redis_cluster.nodes]
     before = info_calls(ports)
     store = get_store(app)
-    assert store.cluster and is_cluster(store.client)
-    assert store.release_path == ("publish", 'the store is a Redis Cluster (found by delayed_redis_cluster "auto"): '
-                                             "kombu cannot read queues from one")
-    assert not store.direct
+    assert store.redis.cluster and is_cluster(store.redis.client)
+    assert store.layout.release_path == ("publish", 'the store is a Redis Cluster (found by delayed_redis_cluster '
+                                                    '"auto"): kombu cannot read queues from one')
+    assert not store.broker.direct
     # Work on every master, then count the questions: one INFO, when the client was made.
     handles = [apply_later(app, "e2e.mark", when=3600, strict=False) for _ in range(40)]
     for h in handles[:20]:
         assert cancel(app, h.id) == "SCHEDULED"
-    assert {store.get(h.id)["st"] for h in handles[20:]} == {"SCHEDULED"}
-    assert len({store.shard_of(h.id) for h in handles}) > 3
+    assert {store.lookup.get(h.id)["st"] for h in handles[20:]} == {"SCHEDULED"}
+    assert len({store.layout.shard_of(h.id) for h in handles}) > 3
     assert info_calls(ports) - before == 1 + len(ports), "the detection asked more than once"
     # A second store of the app (another prefix, as a worker makes) asks again, once.
     other = get_store(app, prefix=f"o{uid}")
@@ -76,17 +76,17 @@ def test_a_single_server_keeps_the_plain_client_and_its_direct_path(redis_url, u
         app = make_app(server.url, uid)  # the store is the broker's server: the direct path
         store = get_store(app)
         before = info_calls([server.port])
-        assert store.cluster is False and not is_cluster(store.client)
-        assert store.direct and store.release_path[0] == "direct"
+        assert store.redis.cluster is False and not is_cluster(store.redis.client)
+        assert store.broker.direct and store.layout.release_path[0] == "direct"
         for _ in range(30):
             h = apply_later(app, "e2e.mark", when=3600, strict=False)
-            assert store.get(h.id)["st"] == "SCHEDULED"
+            assert store.lookup.get(h.id)["st"] == "SCHEDULED"
             reschedule(app, h.id, 1800)
         assert info_calls([server.port]) - before == 1 + 1, "one INFO (the detection) besides the count's own"
         # False: not even asked.
         app2 = make_app(server.url, uid + "f", delayed_redis_cluster=False)
         before = info_calls([server.port])
-        assert get_store(app2).now_ms() > 0 and get_store(app2).cluster is False
+        assert get_store(app2).redis.now_ms() > 0 and get_store(app2).redis.cluster is False
         assert info_calls([server.port]) - before == 1
 
 
@@ -103,14 +103,14 @@ def test_a_user_refused_info_falls_back_to_cluster_slots_or_to_a_single_server(r
         with caplog.at_level(logging.WARNING, logger="celery_delayed.store"):
             app = make_app(url, uid)
             h = apply_later(app, "e2e.mark", when=3600, strict=False)
-            assert get_store(app).cluster is False and get_store(app).get(h.id)["st"] == "SCHEDULED"
+            assert get_store(app).redis.cluster is False and get_store(app).lookup.get(h.id)["st"] == "SCHEDULED"
         assert not [r for r in caplog.records if r.name == "celery_delayed.store"]
         # Both refused: a single server, said once in a warning that says what to set.
         url = f"redis://neither:pw@127.0.0.1:{server.port}/0"
         with caplog.at_level(logging.WARNING, logger="celery_delayed.store"):
             app = make_app(url, uid + "n")
             h = apply_later(app, "e2e.mark", when=3600, strict=False)
-            assert get_store(app).cluster is False and get_store(app).get(h.id)["st"] == "SCHEDULED"
+            assert get_store(app).redis.cluster is False and get_store(app).lookup.get(h.id)["st"] == "SCHEDULED"
         [record] = [r for r in caplog.records if "could not tell" in r.getMessage()]
         assert "delayed_redis_cluster = False" in record.getMessage() and ":***@" in record.getMessage()
         admin.close()
@@ -124,7 +124,7 @@ def test_a_user_refused_info_falls_back_to_cluster_slots_or_to_a_single_server(r
         url = f"redis://ni{uid}:pw@127.0.0.1:{redis_cluster.nodes[0].port}/0"
         app = make_app("amqp://", uid + "c", delayed_redis_url=url)
         h = apply_later(app, "e2e.mark", when=3600, strict=False)
-        assert get_store(app).cluster and get_store(app).get(h.id)["st"] == "SCHEDULED"
+        assert get_store(app).redis.cluster and get_store(app).lookup.get(h.id)["st"] == "SCHEDULED"
     finally:
         for node in redis_cluster.nodes:
             c = redis.Redis(port=node.port)
@@ -136,16 +136,16 @@ def test_a_user_refused_info_falls_back_to_cluster_slots_or_to_a_single_server(r
 def test_what_cannot_work_on_the_cluster_found_is_refused_at_first_use(redis_url, cluster_url, uid):
     db2 = cluster_url.removesuffix("/0") + "/2"
     with pytest.raises(ConfigurationError, match="database 0 only"):
-        get_store(make_app(redis_url, uid, delayed_redis_url=db2)).now_ms()
+        get_store(make_app(redis_url, uid, delayed_redis_url=db2)).redis.now_ms()
     with pytest.raises(ConfigurationError, match="delayed_release_mode is 'direct'"):
-        get_store(make_app(redis_url, uid, delayed_redis_url=cluster_url, delayed_release_mode="direct")).now_ms()
+        get_store(make_app(redis_url, uid, delayed_redis_url=cluster_url, delayed_release_mode="direct")).redis.now_ms()
     # The broker on the cluster node too (the store defaults to it): kombu cannot use a cluster.
     with pytest.raises(ConfigurationError, match="kombu cannot use a cluster"):
         apply_later(make_app(cluster_url, uid), "e2e.mark", when=60, strict=False)
     # Sentinel URLs are never asked (a Sentinel master is not a cluster node): no connection made.
     sentinel = make_app("amqp://", uid, delayed_redis_url="sentinel://127.0.0.1:1",
                         delayed_redis_options={"master_name": "m"})
-    assert get_store(sentinel).cluster is False
+    assert get_store(sentinel).redis.cluster is False
 
 
 @pytest.mark.timeout(30)
@@ -154,11 +154,11 @@ def test_a_server_down_at_first_use_is_asked_again_later(uid):
     app = make_app("amqp://", uid, delayed_redis_url=f"redis://127.0.0.1:{port}/0")
     store = Store(app)
     with pytest.raises(StoreUnavailable, match="nothing was written"):
-        _ = store.cluster
+        _ = store.redis.cluster
     with pytest.raises(StoreUnavailable):
         apply_later(app, "e2e.mark", when=60, strict=False)
     with RedisServer(port=port):
-        assert store.cluster is False and store.now_ms() > 0
+        assert store.redis.cluster is False and store.redis.now_ms() > 0
 
 
 @pytest.mark.timeout(120)
@@ -191,6 +191,6 @@ def test_end_to_end_on_a_plain_node_url(redis_url, redis_cluster, uid, workers):
     counts = runs(cclient, prefix)
     assert set(counts) == want, "a cancelled job ran" if set(counts) - want else "a job was lost"
     assert max(counts.values()) == 1
-    assert {get_store(app).get(i)["st"] for i in far} == {"SCHEDULED"}
+    assert {get_store(app).lookup.get(i)["st"] for i in far} == {"SCHEDULED"}
     cclient.close()
     w.stop()

@@ -86,7 +86,8 @@ def runs(client: RedisCluster, prefix: str) -> collections.Counter[str]:
 
 
 def keys_of_shard(store, shard: int, n: int) -> list[str]:
-    return [k for k in (f"k{i}" for i in range(50 * n * store.config.shards)) if store.shard_of("", k) == shard][:n]
+    keys = (f"k{i}" for i in range(50 * n * store.config.shards))
+    return [k for k in keys if store.layout.shard_of("", k) == shard][:n]
 
 
 @pytest.mark.timeout(180)
@@ -152,7 +153,7 @@ def test_a_slot_migrates_while_jobs_are_scheduled_released_and_run(redis_url, ui
     time.sleep(1.0)
     stop.set()
     producer.join(30)
-    retried = store.client.migration_retries  # type: ignore[attr-defined]
+    retried = store.redis.client.migration_retries  # type: ignore[attr-defined]
     assert move.keys_left() == 0
     assert RedisCluster.from_url(url).get_node_from_key(store.keys.shard(0).due).port == move.dst
     want = set(due) | set(others) | set(produced)
@@ -175,8 +176,8 @@ def test_a_slot_migrates_while_jobs_are_scheduled_released_and_run(redis_url, ui
     # The far jobs moved with their slot: they are there, and cancelled on the new master.
     for i in far[:50]:
         assert cancel(app, i) == "SCHEDULED"
-    assert {store.get(i)["st"] for i in far[:50]} == {"CANCELLED"}
-    assert {store.get(i)["st"] for i in far[50:]} == {"SCHEDULED"}
+    assert {store.lookup.get(i)["st"] for i in far[:50]} == {"CANCELLED"}
+    assert {store.lookup.get(i)["st"] for i in far[50:]} == {"SCHEDULED"}
     move.close()
     cclient.close()
 
@@ -195,21 +196,21 @@ def test_a_migration_longer_than_the_patience_is_unavailable_and_the_same_call_s
     jobs = [apply_later(app, "e2e.mark", when=3600, shard_key=hot[i % 10], strict=False) for i in range(100)]
     move.begin()
     move.move_batch(60)
-    store.client.patience_s = 1.0  # type: ignore[attr-defined]
+    store.redis.client.patience_s = 1.0  # type: ignore[attr-defined]
     # Reads of one key each: on the source, or ASKed to the target.
-    assert {store.get(h.id)["st"] for h in jobs} == {"SCHEDULED"}
+    assert {store.lookup.get(h.id)["st"] for h in jobs} == {"SCHEDULED"}
     began = time.monotonic()
     with pytest.raises(StoreUnavailable, match=r"while a slot of it migrates.*nothing was written"):
         apply_later(app, "e2e.mark", when=60, task_id=f"again-{uid}", shard_key=hot[0], strict=False)
     assert 1.0 <= time.monotonic() - began < 5.0
     with pytest.raises(StoreUnavailable, match="nothing was written"):
         cancel(app, jobs[0].id)
-    assert store.get(jobs[0].id)["st"] == "SCHEDULED"
+    assert store.lookup.get(jobs[0].id)["st"] == "SCHEDULED"
     while move.move_batch(50):
         pass
     move.finish()
     h = apply_later(app, "e2e.mark", when=60, task_id=f"again-{uid}", shard_key=hot[0], strict=False)
-    assert h.id == f"again-{uid}" and store.get(h.id)["st"] == "SCHEDULED"
+    assert h.id == f"again-{uid}" and store.lookup.get(h.id)["st"] == "SCHEDULED"
     assert cancel(app, jobs[0].id) == "SCHEDULED"
     # Written once: a second call finds it.
     with pytest.raises(DuplicateJob):

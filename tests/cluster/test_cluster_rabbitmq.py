@@ -60,7 +60,7 @@ def test_schedule_release_cancel_retry_with_a_rabbitmq_broker(rabbitmq_url, clus
     prefix, queue = app.conf.delayed_key_prefix, app.conf.task_default_queue
     assert queue == rabbit_queue
     store = get_store(app)
-    assert store.cluster and store.release_path[0] == "publish"
+    assert store.redis.cluster and store.layout.release_path[0] == "publish"
     w = WorkerProcess(rabbitmq_url, prefix, queue, store=cluster_url, conf=conf, concurrency=4, pool="threads")
     workers.append(w)
     workers.append(SchedulerProcess(rabbitmq_url, prefix, queue, store=cluster_url, conf=conf))
@@ -111,7 +111,7 @@ def test_schedule_release_cancel_retry_with_a_rabbitmq_broker(rabbitmq_url, clus
     assert all(attempts[(i, r)] == 1 for i in doomed for r in range(2)) and all(runs[i] == 2 for i in doomed)
     assert {d.id for d in dlq.list_dead(app, limit=100)} == set(doomed)
     for i in moved:  # rescheduled: released after the new time
-        rec = store.get(i)
+        rec = store.lookup.get(i)
         assert int(rec["released"]) >= int(rec["due"]) - store.config.lookahead_ms
     # Every publish reached the worker once; nothing is left on the queue or in flight.
     got, published = received(w.output(), "e2e.plain"), claims(app, list(once - set(marked)))

@@ -57,7 +57,7 @@ def test_reshard_16_to_40_on_a_cluster_runs_every_job_once(redis_url, cluster_ur
         states = collections.Counter()
         for job_id in missing:
             try:
-                rec = store.get(job_id)
+                rec = store.lookup.get(job_id)
                 states[(rec.get("st"), rec.get("shard"))] += 1
             except Exception as exc:  # a diagnosis: report whatever is wrong
                 states[(type(exc).__name__, None)] += 1
@@ -69,6 +69,6 @@ def test_reshard_16_to_40_on_a_cluster_runs_every_job_once(redis_url, cluster_ur
     assert cclient.hgetall(f"{prefix}:layout") == {"shards": "40", "bucket_ms": "0"}
     store = get_store(capp(redis_url, cluster_url, uid, delayed_shards=40))
     for job_id in everything[::10]:
-        rec = store.get(job_id)
+        rec = store.lookup.get(job_id)
         assert int(rec["shard"]) == shard_for(rec.get("sk") or job_id, 40)
     assert schedules.get(app, "cluster-nightly").name == "cluster-nightly"

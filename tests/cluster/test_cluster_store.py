@@ -53,7 +53,7 @@ def test_settings(redis_url, cluster_url, uid):
     with pytest.raises(ConfigurationError, match="Redis Cluster"):
         get_store(capp(redis_url, cluster_url, uid, delayed_release_mode="direct"))
     store = get_store(capp(redis_url, cluster_url, uid))
-    assert store.release_path[0] == "publish" and not store.direct
+    assert store.layout.release_path[0] == "publish" and not store.broker.direct
     # A store URL without a database is fine too.
     assert get_store(capp(redis_url, cluster_url.removesuffix("/0"), uid + "b")).now_ms() > 0
 
@@ -84,7 +84,7 @@ def test_schedule_release_cancel_reschedule_on_the_publish_path(redis_url, clust
                                                              for i in range(n)], strict=False)]
     marked = [apply_later(app, "e2e.mark", when=1.5, strict=False).id for _ in range(20)]
     store = get_store(app)
-    keys = {store.shard_of("", f"k{j}"): f"k{j}" for j in range(200)}
+    keys = {store.layout.shard_of("", f"k{j}"): f"k{j}" for j in range(200)}
     far = [apply_later(app, "e2e.mark", when=3600, shard_key=keys[s], strict=False).id for s in range(16)]
     cancelled = ids[-20:]
     for i in cancelled:
@@ -114,7 +114,7 @@ def test_schedule_release_cancel_reschedule_on_the_publish_path(redis_url, clust
     assert set(counts) == want, "a cancelled job ran" if set(counts) - want else "a job was lost"
     assert max(counts.values()) == 1, [k for k, v in counts.items() if v > 1][:5]
     for i in later:  # rescheduled: released after the new time
-        rec = store.get(i)
+        rec = store.lookup.get(i)
         assert int(rec["released"]) >= int(rec["due"]) - store.config.lookahead_ms
     w.stop()
 
@@ -155,7 +155,7 @@ def test_two_racing_schedulers_release_each_job_once(redis_url, cluster_url, uid
     assert set(counts) == set(ids), f"{len(set(ids) - set(counts))} lost"
     dup = [k for k, v in counts.items() if v > 1]
     assert not dup, f"{len(dup)} ran twice"
-    snap_owners = {get_store(app).client.get(get_store(app).keys.shard(s).lease) for s in range(16)}
+    snap_owners = {get_store(app).redis.client.get(get_store(app).keys.shard(s).lease) for s in range(16)}
     assert len({o.rpartition("|")[0] for o in snap_owners if o}) == 2, "both schedulers held shards"
 
 
@@ -170,7 +170,7 @@ def test_in_process_scheduler_and_a_cluster_that_is_down(redis_url, cluster_url,
         sched._heartbeat()
         assert sorted(sched.shards) == [0, 1, 2, 3]
         assert sched.release_due() == 1
-        assert store.get(h.id)["st"] == "QUEUED"
+        assert store.lookup.get(h.id)["st"] == "QUEUED"
     finally:
         sched._shutdown()
     # Nothing listening there: the typed error, not a redis-py one (on first use: a scheduler
@@ -208,7 +208,7 @@ def test_a_batch_refused_by_one_full_node_says_which_jobs_the_other_nodes_stored
     apply_later(app, "t.full", when=60, strict=False)  # the store exists
 
     def pending() -> set[str]:
-        return {str(j) for i in range(store.shards) for j in cclient.zrange(store.keys.shard(i).due, 0, -1)}
+        return {str(j) for i in range(store.layout.shards) for j in cclient.zrange(store.keys.shard(i).due, 0, -1)}
 
     before = pending()
     full = redis.Redis(port=redis_cluster.nodes[0].port)
@@ -244,8 +244,8 @@ def test_a_job_due_sooner_wakes_the_sleeping_scheduler_through_cluster_pubsub(re
         wait_for(lambda: sched.ready.is_set() and sched.listening, 15, what="the scheduler to listen")
         time.sleep(0.5)
         h = apply_later(app, "e2e.mark", when=1.0, strict=False)
-        wait_for(lambda: store.get(h.id)["st"] == "QUEUED", 5, interval=0.02, what="the wake-up")
-        rec = store.get(h.id)
+        wait_for(lambda: store.lookup.get(h.id)["st"] == "QUEUED", 5, interval=0.02, what="the wake-up")
+        rec = store.lookup.get(h.id)
         assert int(rec["released"]) - int(rec["due"]) < 1000
     finally:
         sched.stop()
@@ -265,25 +265,26 @@ def test_the_other_scripts_each_run_in_one_slot(redis_url, cluster_url, uid):
     t1 = apply_later(app, "e2e.mark", when=600, throttle_key="k2", window=60, strict=False)
     assert apply_later(app, "e2e.mark", when=600, throttle_key="k2", window=60, strict=False).id == t1.id
     # operators' controls (pause.lua, promote.lua, cancel_matching.lua)
-    store.pause(["all"])
-    assert "all" in store.pauses()
-    assert store.resume(["all"]) == 0
-    store.promote(far[0].id)
-    assert store.get(far[0].id)["st"] == "SCHEDULED" and int(store.get(far[0].id)["due"]) <= store.now_ms() + 1000
-    assert store.promote_matching(task="e2e.mark") >= 1
-    assert store.note_fallback(3, "e2e.mark", "why") == 1
+    store.jobs.pause(["all"])
+    assert "all" in store.jobs.pauses()
+    assert store.jobs.resume(["all"]) == 0
+    store.jobs.promote(far[0].id)
+    rec = store.lookup.get(far[0].id)
+    assert rec["st"] == "SCHEDULED" and int(rec["due"]) <= store.redis.now_ms() + 1000
+    assert store.jobs.promote_matching(task="e2e.mark") >= 1
+    assert store.jobs.note_fallback(3, "e2e.mark", "why") == 1
     # the worker side on a claimed, acknowledged job (start, extend_lease, retry, fail, dead,
     # requeue, rerelease, refuse_claimed)
     h = far[1]
-    batch = store.claim_due(h.shard, "", "", limit=100)
+    batch = store.release.claim_due(h.shard, "", "", limit=100)
     assert h.id in batch.ids
-    store.refuse_claimed(h.shard, [(i, "refused", False) for i in batch.ids if i != h.id])
-    store.ack_claimed(h.shard, [h.id])
-    assert store.start(h.id, h.shard, "w1").code == 1
-    assert store.extend_lease(h.id, h.shard, "w1")
-    assert store.dead(h.id, h.shard, {}, owner="w1").code == 1
-    _due, outcomes = store.requeue(h.shard, [h.id], "+0")
+    store.release.refuse_claimed(h.shard, [(i, "refused", False) for i in batch.ids if i != h.id])
+    store.release.ack_claimed(h.shard, [h.id])
+    assert store.executions.start(h.id, h.shard, "w1").code == 1
+    assert store.executions.extend_lease(h.id, h.shard, "w1")
+    assert store.executions.dead(h.id, h.shard, {}, owner="w1").code == 1
+    _due, outcomes = store.dead_letters.requeue(h.shard, [h.id], "+0")
     assert [int(o.code) for o in outcomes] == [-4]  # ran: NO_MESSAGE (the started job's message was dropped)
-    assert isinstance(store.rerelease(h.shard, [h.id], 3), list)
-    left = store.cancel_matching(task="e2e.mark")
+    assert isinstance(store.release.rerelease(h.shard, [h.id], 3), list)
+    left = store.jobs.cancel_matching(task="e2e.mark")
     assert len(left) >= 10

@@ -165,9 +165,9 @@ def test_show_formats_every_time_and_keeps_text_as_it_is(cli_app):
     from celery_delayed import get_store
 
     store = get_store(cli_app)
-    store.release_due(h.shard)
-    assert store.start(h.id, h.shard, "me", "host").run
-    store.finish(h.id, h.shard, "me", "SUCCEEDED")
+    store.release.release_due(h.shard)
+    assert store.executions.start(h.id, h.shard, "me", "host").run
+    store.executions.finish(h.id, h.shard, "me", "SUCCEEDED")
     res = invoke(cli_app, "show", h.id)
     assert res.exit_code == 0, res.output
     rec = json.loads(res.stdout)
@@ -182,14 +182,14 @@ def test_show_formats_every_time_and_keeps_text_as_it_is(cli_app):
 def _letters(app, n: int) -> list[str]:
     """``n`` dead letters dying 1 ms apart (oldest first), alternately of tasks t.even and t.odd."""
     store = get_store(app)
-    now = store.now_ms()
+    now = store.redis.now_ms()
     ids = []
     for k in range(n):
         jid = f"dead-{k:02d}"
-        store.client.hset(store.keys.shard(store.shard_of(jid)).job(jid), mapping={"st": "QUEUED"})
+        store.redis.client.hset(store.keys.shard(store.layout.shard_of(jid)).job(jid), mapping={"st": "QUEUED"})
         fields = {"task": "t.even" if k % 2 == 0 else "t.odd", "msg": f"m-{jid}", "lk": f"q{jid}",
                   "etype": "app.Boom", "emsg": f"boom {k}", "attempts": "3"}
-        assert store.dead(jid, store.shard_of(jid), fields, now_ms=now - 60_000 + k).ok
+        assert store.executions.dead(jid, store.layout.shard_of(jid), fields, now_ms=now - 60_000 + k).ok
         ids.append(jid)
     return ids
 
@@ -222,9 +222,9 @@ def test_dlq_requeue_all_with_and_without_task(cli_app):
     assert res.stdout.strip() == "requeued 3 dead letter(s)"
     odd = [i for i in ids if int(i[-2:]) % 2]
     for jid in odd:
-        rec = store.get(jid)
+        rec = store.lookup.get(jid)
         assert rec["st"] == "SCHEDULED" and rec["retries"] == "0"
-        assert 119_000 <= int(rec["due"]) - store.now_ms() <= 120_000
+        assert 119_000 <= int(rec["due"]) - store.redis.now_ms() <= 120_000
     assert sorted(d.id for d in dlq.list_dead(cli_app)) == sorted(set(ids) - set(odd))
     res = invoke(cli_app, "dlq", "requeue", "--all")
     assert res.exit_code == 0 and res.stdout.strip() == "requeued 3 dead letter(s)", res.output

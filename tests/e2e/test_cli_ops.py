@@ -50,7 +50,7 @@ def test_promote_and_bulk_cancel(oapp):
     res = invoke(oapp, "cancel", "--task", "e2e.sleep", "--due-after", "7200.5", "--due-before", "7202.5")
     assert res.exit_code == 0 and res.stdout.strip() == "cancelled 2 job(s)", res.output
     store = get_store(oapp)
-    assert [store.get(j)["st"] for j in sleeps] == ["SCHEDULED", "CANCELLED", "CANCELLED", "SCHEDULED"]
+    assert [store.lookup.get(j)["st"] for j in sleeps] == ["SCHEDULED", "CANCELLED", "CANCELLED", "SCHEDULED"]
     assert invoke(oapp, "cancel", "--task", "e2e.sleep").stdout.strip() == "cancelled 2 job(s)"
     assert invoke(oapp, "cancel").exit_code == 2
     assert invoke(oapp, "promote").exit_code == 2
@@ -110,7 +110,7 @@ def test_run_serves_fleet_metrics_and_doctor_passes_with_a_scheduler(redis_url, 
     worker.wait_ready()
     ids = later(app, 20, when=0.5)
     later(app, 3, task="e2e.sleep", when=3600)
-    client = get_store(app).client
+    client = get_store(app).redis.client
     wait_for(lambda: len(ran(client, prefix)) >= 20, 30, what="the jobs to run")
 
     def scrape() -> str:

@@ -73,7 +73,7 @@ def test_a_task_sees_the_eta_it_was_scheduled_with(redis_url, uid, workers, rcli
     short = plain.apply_async(args=(5,), countdown=0.2)                   # under the minimum: Celery's ETA message
     now_ = plain.apply_async(args=(6,))                                   # no delay: no eta
     assert all(isinstance(h, DelayedResult) for h in (by_countdown, by_eta, later, moved))
-    stored = {h.id: json.loads(store.message(h.id, h.shard))["headers"]
+    stored = {h.id: json.loads(store.lookup.message(h.id, h.shard))["headers"]
               for h in (by_countdown, by_eta, later, moved)}
     assert all(hd["eta"] is None for hd in stored.values())  # no worker holds a stored job until then
     assert stored[by_eta.id]["delayed_eta"] == exact.isoformat()
@@ -119,7 +119,7 @@ def test_stamps_survive_a_retry_through_the_store(redis_url, uid, workers, rclie
     assert first["retries"] == 0 and second["retries"] == 1
     for run in (first, second):
         assert run["stamps"] == {"stamp": 42} and run["stamped_headers"] == ["stamp"]
-    rec = get_store(app).get(res.id)
+    rec = get_store(app).lookup.get(res.id)
     assert rec["retries"] == "1"  # the retry went through the store ...
     # ... not as a broker ETA message: each came from the store (an eta only for a look-ahead release)
     assert all(looked_ahead(hd) for hd in headers), headers
@@ -149,7 +149,7 @@ def test_every_fallback_to_a_broker_eta_message_is_counted(redis_url, uid, rclie
     # stamps and options Celery does not know are stored, not a fallback
     h = plain.apply_async(args=(1,), countdown=60, stamped_headers=["s"], s=1, x_custom="v")
     assert isinstance(h, DelayedResult)
-    env = json.loads(get_store(app).message(h.id, h.shard))
+    env = json.loads(get_store(app).lookup.message(h.id, h.shard))
     assert env["headers"]["stamps"] == {"s": 1} and env["properties"]["x_custom"] == "v"
     assert status.eta_fallbacks().count == 2
     # where an operator looks: delayed status

@@ -22,7 +22,7 @@ def test_a_misconfigured_scheduler_refuses_to_join(redis_url, uid, workers, rcli
     prefix, queue = app.conf.delayed_key_prefix, app.conf.task_default_queue
     healthy = SchedulerProcess(redis_url, prefix, queue, conf={"delayed_shards": 16})
     workers.append(healthy)
-    get_store(app).check_layout()  # the store is created with 16 shards
+    get_store(app).layout.check()  # the store is created with 16 shards
     wait_for(lambda: "holds 16 shard(s) of 16" in healthy.output(), 30, what="the healthy scheduler")
 
     wrong = SchedulerProcess(redis_url, prefix, queue, conf={"delayed_shards": 16, **conf})

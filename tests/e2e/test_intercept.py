@@ -36,7 +36,7 @@ def test_off_without_the_setting(redis_url, uid, rclient):
     assert not isinstance(res, DelayedResult)
     assert rclient.llen(app.conf.task_default_queue) == 1
     with pytest.raises(JobNotFound):
-        get_store(app).get(res.id)
+        get_store(app).lookup.get(res.id)
 
 
 @pytest.mark.timeout(120)
@@ -50,17 +50,17 @@ def test_plain_apply_async_and_retry_are_stored_not_sent(redis_url, uid, workers
     t0 = time.time()
     h = mark.apply_async(args=(1,), countdown=1.5)
     assert isinstance(h, DelayedResult) and intercept.installed(app)
-    rec = store.get(h.id)
+    rec = store.lookup.get(h.id)
     assert rec["st"] == "SCHEDULED" and rec["task"] == "rt.plain_mark"
     assert rclient.llen(queue) == 0
     # eta= (aware datetime) and send_task by name are intercepted too
     h_eta = mark.apply_async(args=(2,), eta=datetime.now(timezone.utc) + timedelta(seconds=1.5))
     h_name = app.send_task("rt.plain_mark", args=(3,), countdown=1.5)
-    assert store.get(h_eta.id)["st"] == store.get(h_name.id)["st"] == "SCHEDULED"
+    assert store.lookup.get(h_eta.id)["st"] == store.lookup.get(h_name.id)["st"] == "SCHEDULED"
     # below delayed_intercept_min_delay_s: Celery's own ETA message, as before
     short = mark.apply_async(args=(4,), countdown=0.2)
     with pytest.raises(JobNotFound):
-        store.get(short.id)
+        store.lookup.get(short.id)
     assert rclient.llen(queue) == 1
     w = WorkerProcess(redis_url, prefix, queue, conf=conf, concurrency=1, pool="solo")
     workers.append(w)
@@ -70,7 +70,7 @@ def test_plain_apply_async_and_retry_are_stored_not_sent(redis_url, uid, workers
     wait_for(lambda: all(runs(rclient, prefix, i) for i in ids), 30, what="the four runs")
     assert runs(rclient, prefix, h.id)[0][1] - t0 >= 1.5
     # released by the scheduler, then run under the ledger: plain tasks from the store are tracked too
-    wait_for(lambda: store.get(h.id)["st"] == "SUCCEEDED", 10, what="the plain task's finish to be recorded")
+    wait_for(lambda: store.lookup.get(h.id)["st"] == "SUCCEEDED", 10, what="the plain task's finish to be recorded")
     # Task.retry(countdown=) inside a plain task: the retry is stored, not an ETA message
     r = retrying.apply_async(args=(1.2,))  # no delay: sent to the broker directly
     watch = QueueWatch(rclient, queue, r.id)
@@ -80,8 +80,8 @@ def test_plain_apply_async_and_retry_are_stored_not_sent(redis_url, uid, workers
     assert [n for n, _ in got] == [0, 1]
     assert got[1][1] - got[0][1] >= 1.2
     assert all(looked_ahead(hd) for hd in seen), seen
-    wait_for(lambda: store.get(r.id)["st"] == "SUCCEEDED", 10, what="the retry's finish to be recorded")
-    assert store.get(r.id)["retries"] == "1"
+    wait_for(lambda: store.lookup.get(r.id)["st"] == "SUCCEEDED", 10, what="the retry's finish to be recorded")
+    assert store.lookup.get(r.id)["retries"] == "1"
 
 
 def test_publish_options_dropped_unknown_options_kept_as_properties(redis_url, uid, rclient, caplog):
@@ -91,15 +91,15 @@ def test_publish_options_dropped_unknown_options_kept_as_properties(redis_url, u
     # publish-only options have no meaning for a stored job: still stored
     h = mark.apply_async(args=(1,), countdown=60, retry=True, retry_policy={"max_retries": 1}, mandatory=False,
                          priority=5, headers={"tenant": "acme"})
-    assert isinstance(h, DelayedResult) and store.get(h.id)["st"] == "SCHEDULED"
-    env = json.loads(store.message(h.id, h.shard))
+    assert isinstance(h, DelayedResult) and store.lookup.get(h.id)["st"] == "SCHEDULED"
+    env = json.loads(store.lookup.message(h.id, h.shard))
     assert env["headers"]["tenant"] == "acme" and env["properties"]["priority"] == 5
     assert env["headers"]["eta"] is None and env["headers"]["id"] == h.id
     # an option Celery does not know: a message property, as kombu's publish makes it (stored, no warning)
     with caplog.at_level("WARNING", logger="celery_delayed.intercept"):
         other = mark.apply_async(args=(2,), countdown=60, some_option="x")
     assert isinstance(other, DelayedResult) and not caplog.text
-    env = json.loads(store.message(other.id, other.shard))
+    env = json.loads(store.lookup.message(other.id, other.shard))
     assert env["properties"]["some_option"] == "x"
     # a message the store refuses (a priority over 255; kombu's Redis transport takes it as 9): Celery's
     # ETA message, as before, and a warning says why

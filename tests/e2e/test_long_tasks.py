@@ -38,7 +38,7 @@ CONF = {
 
 def _release_all(app: Celery) -> list[str]:
     store = get_store(app)
-    return [jid for s in range(store.config.shards) for jid in store.release_due(s).ids]
+    return [jid for s in range(store.config.shards) for jid in store.release.release_due(s).ids]
 
 
 def _started(rclient, prefix: str) -> list[tuple[str, str]]:
@@ -127,12 +127,12 @@ def test_lease_keeper_beats_every_running_execution_until_stopped_or_lost(redis_
     keepers = []
     try:
         for h in hs:
-            assert store.start(h.id, h.shard, "me", "host").code == Reply.OK
+            assert store.executions.start(h.id, h.shard, "me", "host").code == Reply.OK
             keepers.append(LeaseKeeper(store, Execution(h.id, h.shard, "me", 1)).start())
 
         def deadlines() -> tuple[int, list[int]]:
             """The Redis clock and every lease deadline, in one snapshot (MULTI)."""
-            pipe = store.client.pipeline(transaction=True)
+            pipe = store.redis.client.pipeline(transaction=True)
             pipe.time()
             for h in hs:
                 pipe.hget(store.keys.shard(h.shard).job(h.id), "lu")
@@ -153,7 +153,7 @@ def test_lease_keeper_beats_every_running_execution_until_stopped_or_lost(redis_
         assert last_now - first_now > lease_ms
         assert all(f < lu <= last_now + lease_ms for f, lu in zip(first, last, strict=True)), (last_now, first, last)
         assert [sum(lu > now for lu in lus) for now, lus in samples] == [20] * 5
-        store.cancel(hs[0].id, running=True)
+        store.jobs.cancel(hs[0].id, running=True)
         wait_for(lambda: keepers[0].lost, 2, what="the keeper to notice the lost lease")
     finally:
         for k in keepers:

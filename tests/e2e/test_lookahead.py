@@ -32,7 +32,7 @@ def test_store_releases_within_the_window_with_the_eta_set(redis_url, uid, rclie
     due_now = apply_later(app, "e2e.plain", when=0, strict=False)
     soon = apply_later(app, "e2e.plain", when=0.8, strict=False)
     later = apply_later(app, "e2e.plain", when=30, strict=False)
-    batch = store.release_due(0, now_ms=store.now_ms(), lookahead_ms=1000)
+    batch = store.release.release_due(0, now_ms=store.redis.now_ms(), lookahead_ms=1000)
     assert batch.ids == [due_now.id, soon.id]  # the one due in 30 s stays
     assert batch.next_due_ms == later.due_ms
     messages = {json.loads(m)["headers"]["id"]: json.loads(m) for m in rclient.lrange(queue, 0, -1)}
@@ -40,7 +40,7 @@ def test_store_releases_within_the_window_with_the_eta_set(redis_url, uid, rclie
     # held by the worker until due by the Redis clock; the task sees delayed_eta (Celery's own string)
     assert datetime.fromisoformat(messages[soon.id]["headers"]["eta"]).timestamp() * 1000 == soon.due_ms
     assert messages[soon.id]["headers"]["delayed_eta"] is not None
-    rec = store.get(soon.id, soon.shard)
+    rec = store.lookup.get(soon.id, soon.shard)
     assert rec["st"] == "QUEUED" and int(rec["released"]) < soon.due_ms
     # The lateness histogram counts an early release as on time, not as negative lateness.
     stats = rclient.hgetall(store.keys.shard(0).stats)
@@ -62,12 +62,12 @@ def test_released_early_runs_on_time_never_early_and_a_cancel_still_wins(redis_u
     store = get_store(app)
     # Released about 1.5 s before its due time, it is QUEUED (in a worker's hands) before it is due.
     wait_for(lambda: victim.job_state == "QUEUED", 10, what="the early release")
-    assert store.now_ms() < victim.due_ms
+    assert store.redis.now_ms() < victim.due_ms
     assert victim.cancel()
     wait_for(lambda: len(_runs(rclient, prefix)) >= len(jobs), 20, what="the jobs to run")
     runs = _runs(rclient, prefix)
     for h in jobs:
-        rec = store.get(h.id, h.shard)
+        rec = store.lookup.get(h.id, h.shard)
         assert int(rec["released"]) <= h.due_ms - 500, "not released ahead of its due time"
         # Never early (worker and Redis share this machine's clock; 5 ms for rounding).
         assert runs[h.id] * 1000 >= h.due_ms - 5, (runs[h.id] * 1000 - h.due_ms)

@@ -150,20 +150,20 @@ def test_a_scheduler_paused_past_its_lease_cannot_release_from_the_shard_it_lost
         threads.append(threading.Thread(target=b.run, daemon=True))
         threads[-1].start()
         wait_for(lambda: list(b.shards) == [0], 10, interval=0.01, what="b to take the shard")
-        assert store.client.get(store.keys.shard(0).lease) == f"b-sched|{int(fence_a) + 1}"
-        wait_for(lambda: store.get(h.id)["st"] != "SCHEDULED", 10, what="b to release the job")
+        assert store.redis.client.get(store.keys.shard(0).lease) == f"b-sched|{int(fence_a) + 1}"
+        wait_for(lambda: store.lookup.get(h.id)["st"] != "SCHEDULED", 10, what="b to release the job")
         mover.go.set()  # a resumes and runs the release it had started, under its old fence
         threads[0].join(10)
         assert mover.outcomes == ["lost"], mover.outcomes
         assert 0 not in a.shards
-        queued = sum(int(store.client.llen(k)) for k in queue_keys(app.conf.task_default_queue))
+        queued = sum(int(store.redis.client.llen(k)) for k in queue_keys(app.conf.task_default_queue))
         assert queued == 1, f"{queued} messages for one job"
     finally:
         mover.go.set()
         b.stop()
         for t in threads:
             t.join(10)
-        a.store.heartbeat(a.owner, leave=True)
+        a.store.fleet.heartbeat(a.owner, leave=True)
         a.mover.close()
 
 

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.e2e
 
 def _release_all(app) -> int:  # type: ignore[no-untyped-def]
     store = get_store(app)
-    return sum(store.release_due(s).count for s in range(store.config.shards))
+    return sum(store.release.release_due(s).count for s in range(store.config.shards))
 
 
 @pytest.mark.timeout(90)
@@ -29,7 +29,7 @@ def test_a_plain_task_from_the_store_is_tracked(redis_url, uid, rclient, workers
     cancelled = apply_later(app, "e2e.plain", args=(2,), when=0, strict=False)
     assert _release_all(app) == 2
     assert cancelled.cancel()  # after release: the worker must skip it
-    copy_of = get_store(app).message(runs.id, runs.shard)
+    copy_of = get_store(app).lookup.message(runs.id, runs.shard)
     plain = app.send_task("e2e.plain", args=(3,), queue=queue)  # not from the store: runs as ever
     w = WorkerProcess(redis_url, prefix, queue, concurrency=2)
     workers.append(w)
@@ -41,5 +41,5 @@ def test_a_plain_task_from_the_store_is_tracked(redis_url, uid, rclient, workers
     rclient.lpush(queue, copy_of)  # a redelivered copy of the completed job
     wait_for(lambda: "completed already" in w.output(), 20, what="the copy to be dropped")
     assert sorted(ran(rclient, prefix)) == sorted([runs.id, plain.id])
-    report = Reconciler(app).run_pass(now_ms=get_store(app).now_ms() + 3_600_000)
+    report = Reconciler(app).run_pass(now_ms=get_store(app).redis.now_ms() + 3_600_000)
     assert report.rereleased == 0  # it started: never a candidate

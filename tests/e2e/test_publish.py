@@ -107,7 +107,7 @@ def rabbit_ids(rabbitmq_url: str, queue: str) -> collections.Counter:
 def test_publish_mover_publishes_with_confirms_to_rabbitmq(redis_url, rabbitmq_url, uid, rabbit_queue):
     app = make_app(rabbitmq_url, uid, delayed_redis_url=redis_url, delayed_shards=SHARDS)
     store = get_store(app)
-    assert not store.direct, "RabbitMQ broker: auto must pick the publish path"
+    assert not store.broker.direct, "RabbitMQ broker: auto must pick the publish path"
     h = apply_later(app, "e2e.mark", args=(7,), strict=False)
     mover = PublishMover(app, store)
     try:
@@ -117,8 +117,8 @@ def test_publish_mover_publishes_with_confirms_to_rabbitmq(redis_url, rabbitmq_u
         assert mover.confirmed == 1, "the broker's confirm was not received"
     finally:
         mover.close()
-    assert store.get(h.id)["st"] == "QUEUED"
-    assert inflight(store.client, app.conf.delayed_key_prefix) == 0
+    assert store.lookup.get(h.id)["st"] == "QUEUED"
+    assert inflight(store.redis.client, app.conf.delayed_key_prefix) == 0
     with Connection(rabbitmq_url) as conn, conn.SimpleQueue(rabbit_queue) as q:
         msg = q.get(timeout=5)
         assert msg.headers["id"] == h.id and msg.headers["task"] == "e2e.mark"
@@ -142,12 +142,12 @@ def test_nacked_messages_are_put_back_at_once(redis_url, rabbitmq_url, uid, rabb
         mover.close()
     assert sorted(batch.ids) == sorted(ids)
     assert (mover.confirmed, mover.refused) == (3, 2)
-    states = collections.Counter(store.get(j)["st"] for j in ids)
+    states = collections.Counter(store.lookup.get(j)["st"] for j in ids)
     # The nacked ones are put back at once (not held until their claim lease passes), and a nack does not
     # count toward dead-lettering: the queue may have room later.
     assert states == {"QUEUED": 3, "SCHEDULED": 2}
-    assert inflight(store.client, app.conf.delayed_key_prefix) == 0
-    assert all("refused" not in store.get(j) for j in ids)
+    assert inflight(store.redis.client, app.conf.delayed_key_prefix) == 0
+    assert all("refused" not in store.lookup.get(j) for j in ids)
 
 
 @pytest.mark.timeout(150)
@@ -156,7 +156,7 @@ def test_publish_path_rabbitmq_end_to_end(redis_url, rabbitmq_url, uid, workers,
     conf = {"delayed_shards": SHARDS, "delayed_lease_ms": 2000}
     app = make_app(rabbitmq_url, uid, delayed_redis_url=redis_url, **conf)
     prefix = app.conf.delayed_key_prefix
-    assert not get_store(app).direct
+    assert not get_store(app).broker.direct
     w = WorkerProcess(rabbitmq_url, prefix, rabbit_queue, store=redis_url, conf=conf,
                       concurrency=4, pool="threads")
     workers.append(w)
@@ -171,7 +171,7 @@ def test_publish_path_rabbitmq_end_to_end(redis_url, rabbitmq_url, uid, workers,
     s1.proc.wait(10)
     assert s1.proc.returncode == 0, s1.output()[-3000:]
     assert inflight(rclient, prefix) == 0, "a stopped scheduler left claims in flight"
-    released_before = sum(1 for j in ids if get_store(app).get(j)["st"] != "SCHEDULED")
+    released_before = sum(1 for j in ids if get_store(app).lookup.get(j)["st"] != "SCHEDULED")
     assert 0 < released_before < len(ids), s1.output()[-3000:]
     s2 = SchedulerProcess(rabbitmq_url, prefix, rabbit_queue, store=redis_url, conf=conf)
     workers.append(s2)
@@ -212,14 +212,14 @@ def test_publish_path_scheduler_killed_between_publish_and_ack(
     workers.append(w)
     counts, deliveries, published = wait_all_ran(app, rclient, w, ids)
     store = get_store(app)
-    twice = [j for j in ids if int(store.get(j).get("claims", 0)) > 1]
+    twice = [j for j in ids if int(store.lookup.get(j).get("claims", 0)) > 1]
     print(f"\nkilled between publish and ack: {stranded} claims stranded, re-published "
           f"{recovered:.2f}s after the kill; {len(ids)} jobs, 0 lost, "
           f"{sum(v - 1 for v in counts.values())} duplicate runs, "
           f"{sum(1 for v in deliveries.values() if v > 1)} delivered twice")
     assert set(counts) == set(ids), "jobs lost"
     assert len(twice) == stranded
-    assert not [j for j in ids if store.get(j)["st"] in ("SCHEDULED", "CLAIMED")]
+    assert not [j for j in ids if store.lookup.get(j)["st"] in ("SCHEDULED", "CLAIMED")]
     # At-least-once enqueue: each stranded job reached the worker twice (both publishes)...
     assert deliveries == published
     assert {j for j, n in deliveries.items() if n == 2} == set(twice) and max(deliveries.values()) == 2
@@ -235,7 +235,7 @@ def test_publish_path_with_a_separate_redis_broker(redis_url, uid, workers, rcli
     conf = {"delayed_shards": SHARDS}
     app = make_app(broker, uid, delayed_redis_url=redis_url, **conf)
     prefix, queue = app.conf.delayed_key_prefix, app.conf.task_default_queue
-    assert not get_store(app).direct
+    assert not get_store(app).broker.direct
     w = WorkerProcess(broker, prefix, queue, store=redis_url, conf=conf, concurrency=4, pool="threads")
     workers.append(w)
     workers.append(SchedulerProcess(broker, prefix, queue, store=redis_url, conf=conf))
@@ -268,12 +268,12 @@ def test_broker_down_keeps_the_claims_and_stops_promptly(redis_url, rabbitmq_url
     s1.proc.wait(10)
     stopped = time.monotonic() - t0
     assert s1.proc.returncode == 0 and stopped < 3.0, (stopped, s1.output()[-3000:])
-    states = collections.Counter(get_store(app).get(j)["st"] for j in ids)
+    states = collections.Counter(get_store(app).lookup.get(j)["st"] for j in ids)
     assert states == {"SCHEDULED": len(ids)}, "jobs were claimed although the broker was down"
 
     workers.append(SchedulerProcess(rabbitmq_url, prefix, rabbit_queue, store=redis_url, conf=conf))
     wait_for(lambda: inflight(rclient, prefix) == 0 and all(
-        get_store(app).get(j)["st"] == "QUEUED" for j in ids), 30, what="the claims to be published")
+        get_store(app).lookup.get(j)["st"] == "QUEUED" for j in ids), 30, what="the claims to be published")
     with Connection(rabbitmq_url) as conn, conn.SimpleQueue(rabbit_queue) as q:
         got = set()
         while len(got) < len(ids):
@@ -301,15 +301,15 @@ def test_a_message_the_broker_refuses_is_put_back_at_once_then_dead_lettered(red
         t0 = time.monotonic()
         batch = mover.move(0, "", "", 100)
         assert len(batch.ids) == 7
-        assert all(store.get(h.id)["st"] == "QUEUED" for h in good)  # the batch was not held up
-        rec = store.get(bad.id)
+        assert all(store.lookup.get(h.id)["st"] == "QUEUED" for h in good)  # the batch was not held up
+        rec = store.lookup.get(bad.id)
         assert (rec["st"], rec["refused"]) == ("SCHEDULED", "1") and "NOT_FOUND" in rec["reason"]
-        assert inflight(store.client, app.conf.delayed_key_prefix) == 0
+        assert inflight(store.redis.client, app.conf.delayed_key_prefix) == 0
         deadline = time.monotonic() + 30
-        while store.get(bad.id)["st"] != "DEAD" and time.monotonic() < deadline:
+        while store.lookup.get(bad.id)["st"] != "DEAD" and time.monotonic() < deadline:
             mover.move(0, "", "", 100)  # as the scheduler would, when the job is due again
             time.sleep(0.1)
-        rec = store.get(bad.id)
+        rec = store.lookup.get(bad.id)
         assert (rec["st"], rec["refused"]) == ("DEAD", "3"), rec
         assert time.monotonic() - t0 < 15  # 1 s + 2 s of back-off, not two 60 s claim leases
         assert "no exchange" in rec["emsg"] and rec["etype"] == "Unpublishable"
@@ -354,8 +354,8 @@ def test_publish_mover_reconnects_and_publishes_the_batch_again(redis_url, rabbi
         assert mover.confirmed == 2, "the second batch was not confirmed on the new connection"
     finally:
         mover.close()
-    assert store.get(second.id)["st"] == "QUEUED"
-    assert inflight(store.client, app.conf.delayed_key_prefix) == 0
+    assert store.lookup.get(second.id)["st"] == "QUEUED"
+    assert inflight(store.redis.client, app.conf.delayed_key_prefix) == 0
     got = rabbit_ids(rabbitmq_url, rabbit_queue)
     assert set(got) == {first.id, second.id} and got[first.id] == 1
 
@@ -373,8 +373,8 @@ def test_unconfirmed_batch_stays_claimed_and_is_published_again(redis_url, rabbi
         mover._confirm_timeout_s = 0.0  # test hook: no confirm can arrive in time
         with pytest.raises(ConfirmTimeout):
             mover.move(0, "", "", 10)
-        assert store.get(h.id)["st"] == "CLAIMED"
-        assert inflight(store.client, app.conf.delayed_key_prefix) == 1
+        assert store.lookup.get(h.id)["st"] == "CLAIMED"
+        assert inflight(store.redis.client, app.conf.delayed_key_prefix) == 1
         mover._confirm_timeout_s = 5.0
         assert mover.move(0, "", "", 10).ids == [], "claimed again before its claim lease passed"
         wait_for(lambda: mover.move(0, "", "", 10).ids == [h.id], 10, interval=0.1,
@@ -382,8 +382,8 @@ def test_unconfirmed_batch_stays_claimed_and_is_published_again(redis_url, rabbi
         assert mover.confirmed == 1
     finally:
         mover.close()
-    assert store.get(h.id)["st"] == "QUEUED" and store.get(h.id)["claims"] == "2"
-    assert inflight(store.client, app.conf.delayed_key_prefix) == 0
+    assert store.lookup.get(h.id)["st"] == "QUEUED" and store.lookup.get(h.id)["claims"] == "2"
+    assert inflight(store.redis.client, app.conf.delayed_key_prefix) == 0
     got = rabbit_ids(rabbitmq_url, rabbit_queue)
     assert set(got) == {h.id} and got[h.id] >= 2, got
 
@@ -401,6 +401,6 @@ def test_confirm_publish_false_publishes_without_confirms(redis_url, rabbitmq_ur
         assert (mover.confirmed, mover.refused) == (0, 0)
     finally:
         mover.close()
-    assert {store.get(j)["st"] for j in ids} == {"QUEUED"}
-    assert inflight(store.client, app.conf.delayed_key_prefix) == 0
+    assert {store.lookup.get(j)["st"] for j in ids} == {"QUEUED"}
+    assert inflight(store.redis.client, app.conf.delayed_key_prefix) == 0
     assert rabbit_ids(rabbitmq_url, rabbit_queue) == collections.Counter({j: 1 for j in ids})

@@ -81,7 +81,7 @@ def test_celerys_revoke_cancels_a_stored_job_durably(redis_url, uid, workers, rc
     # The caller's revoke (an installed app), no worker running: cancelled in the store at once.
     app.AsyncResult(a.id).revoke()
     app.control.revoke([b.id])
-    assert store.get(a.id)["st"] == store.get(b.id)["st"] == "CANCELLED"
+    assert store.lookup.get(a.id)["st"] == store.lookup.get(b.id)["st"] == "CANCELLED"
     assert app.AsyncResult(a.id).state == "REVOKED"
     # A revoke broadcast by a process without celery-delayed (what `celery control revoke` sends):
     # the worker cancels the job in the store.
@@ -89,7 +89,7 @@ def test_celerys_revoke_cancels_a_stored_job_durably(redis_url, uid, workers, rc
     w.wait_ready()
     make_app(redis_url, uid).control.broadcast("revoke", arguments={"task_id": c.id, "terminate": False,
                                                                       "signal": "SIGTERM"})
-    wait_for(lambda: store.get(c.id)["st"] == "CANCELLED", 10, what="the worker to cancel c in the store")
+    wait_for(lambda: store.lookup.get(c.id)["st"] == "CANCELLED", 10, what="the worker to cancel c in the store")
     # Durable: a new worker (no revoke in memory) and a scheduler run nothing of them once due.
     w.stop()
     workers.append(w2 := WorkerProcess(redis_url, prefix, queue, conf=conf, concurrency=1, pool="solo"))
@@ -99,5 +99,5 @@ def test_celerys_revoke_cancels_a_stored_job_durably(redis_url, uid, workers, rc
     wait_for(lambda: runs(rclient, prefix, d.id), 20, what="the control job")
     wait_for(lambda: time.time() > c.eta.timestamp() + 1.5, 10, what="the revoked jobs' due time to pass")
     assert not any(runs(rclient, prefix, h.id) for h in (a, b, c))
-    assert {store.get(h.id)["st"] for h in (a, b, c)} == {"CANCELLED"}
-    assert from_ms(int(store.get(d.id)["due"])) <= datetime.now(timezone.utc)
+    assert {store.lookup.get(h.id)["st"] for h in (a, b, c)} == {"CANCELLED"}
+    assert from_ms(int(store.lookup.get(d.id)["due"])) <= datetime.now(timezone.utc)

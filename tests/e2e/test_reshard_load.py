@@ -37,7 +37,7 @@ def test_reshard_16_to_64_under_load_loses_and_doubles_nothing(redis_url, uid, w
     w.wait_ready(60)
     # both schedulers run before the reshard (one started after it with delayed_shards=16 would refuse the store)
     wait_for(lambda: rclient.zcard(f"{prefix}:schedulers") == 2, 30, what="two schedulers to join")
-    get_store(app).check_layout()
+    get_store(app).layout.check()
     ids: list[str] = []
     ordered: list[str] = []  # one shard key, due 150 ms apart across the reshard: released in due order
     stop = threading.Event()
@@ -74,7 +74,7 @@ def test_reshard_16_to_64_under_load_loses_and_doubles_nothing(redis_url, uid, w
     assert not errors, errors
     assert before > 500 and len(ids) > before + 500
     assert report["finished"] and report["moved_jobs"] > 0, report
-    assert get_store(app).shards == 64  # the producer was told by the seal
+    assert get_store(app).layout.shards == 64  # the producer was told by the seal
 
     everything = [*ids, *ordered]
     try:
@@ -107,9 +107,9 @@ def test_reshard_16_to_64_under_load_loses_and_doubles_nothing(redis_url, uid, w
     assert rclient.hgetall(f"{prefix}:layout") == {"shards": "64", "bucket_ms": "0"}
     store = get_store(make_app(redis_url, uid, **{**CONF, "delayed_shards": 64}))
     for job_id in everything:
-        rec = store.get(job_id)
+        rec = store.lookup.get(job_id)
         assert int(rec["shard"]) == shard_for(rec.get("sk") or job_id, 64), job_id
-    released = [int(store.get(j)["released"]) for j in ordered]
+    released = [int(store.lookup.get(j)["released"]) for j in ordered]
     assert released == sorted(released), "jobs of one shard key were released out of due order"
     for s in scheds:
         assert "the store's layout is now 64 shards" in s.output(), s.output()[-2000:]

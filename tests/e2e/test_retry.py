@@ -21,7 +21,7 @@ SEED = 20261130
 
 
 def _job(store: Any, job_id: str) -> dict[str, str]:
-    return store.get(job_id)
+    return store.lookup.get(job_id)
 
 
 # -- retry.lua ------------------------------------------------------------------
@@ -30,43 +30,43 @@ def _job(store: Any, job_id: str) -> dict[str, str]:
 def test_retry_script_reschedules_a_released_job(app, rclient):
     store = get_store(app)
     h = apply_later(app, "x.task", args=(1,), when=0, strict=False)
-    batch = store.release_due(h.shard, now_ms=store.now_ms() + 10)
+    batch = store.release.release_due(h.shard, now_ms=store.redis.now_ms() + 10)
     assert batch.ids == [h.id]
     assert rclient.pttl(store.keys.shard(h.shard).job(h.id)) > 0
-    out = store.retry(h.id, h.shard, "+5000", 1, {"msg": "M", "etype": "E"}, now_ms=1000)
+    out = store.executions.retry(h.id, h.shard, "+5000", 1, {"msg": "M", "etype": "E"}, now_ms=1000)
     assert (out.code, out.state, out.due_ms) == (Reply.OK, "QUEUED", 6000)
     rec = _job(store, h.id)
     assert rec["st"] == "SCHEDULED" and rec["retries"] == "1" and rec["due"] == "6000" and rec["etype"] == "E"
     assert rclient.pttl(store.keys.shard(h.shard).job(h.id)) == -1  # no longer expiring
     assert rclient.zscore(store.keys.shard(h.shard).due, h.id) == 6000
     # a second retry of the same attempt (duplicate delivery) changes nothing
-    assert store.retry(h.id, h.shard, "+1", 1, {"msg": "N"}, now_ms=2000).code == Reply.UNCHANGED == 2
+    assert store.executions.retry(h.id, h.shard, "+1", 1, {"msg": "N"}, now_ms=2000).code == Reply.UNCHANGED == 2
     assert rclient.hget(store.keys.shard(h.shard).job(h.id), "msg") == "M"
 
 
 def test_retry_script_refuses_cancelled_and_foreign_lease(app, rclient):
     store = get_store(app)
     h = apply_later(app, "x.task", when=60, strict=False)
-    store.cancel(h.id)
-    out = store.retry(h.id, h.shard, "+1", 1, {"msg": "M"})
+    store.jobs.cancel(h.id)
+    out = store.executions.retry(h.id, h.shard, "+1", 1, {"msg": "M"})
     assert (out.code, out.state) == (Reply.WRONG_STATE, "CANCELLED")
     jk = store.keys.shard(h.shard).job("running-1")
     rclient.hset(jk, mapping={"st": "RUNNING", "lo": "owner-a", "lu": "1"})
-    assert store.retry("running-1", h.shard, "+1", 1, {"msg": "M"}, owner="owner-b").code == Reply.NOT_OWNER
-    assert store.retry("running-1", h.shard, "+1", 1, {"msg": "M"}, owner="owner-a").code == Reply.OK
+    assert store.executions.retry("running-1", h.shard, "+1", 1, {"msg": "M"}, owner="owner-b").code == Reply.NOT_OWNER
+    assert store.executions.retry("running-1", h.shard, "+1", 1, {"msg": "M"}, owner="owner-a").code == Reply.OK
     assert rclient.hmget(jk, "st", "lo", "lu") == ["SCHEDULED", None, None]
 
 
 def test_retry_script_creates_a_missing_record_and_fail_marks_failed(app, rclient):
     store = get_store(app)
-    out = store.retry("fresh", 0, "+100", 2, {"msg": "M", "task": "t"})
+    out = store.executions.retry("fresh", 0, "+100", 2, {"msg": "M", "task": "t"})
     assert (out.code, out.state) == (Reply.OK, "")
     rec = _job(store, "fresh")
     assert rec["st"] == "SCHEDULED" and rec["retries"] == "2" and "created" in rec
-    assert store.fail("fresh", 0, {"etype": "E"}).code == Reply.WRONG_STATE  # a retry is pending
+    assert store.executions.fail("fresh", 0, {"etype": "E"}).code == Reply.WRONG_STATE  # a retry is pending
     jk = store.keys.shard(0).job("gone-wrong")
     rclient.hset(jk, mapping={"st": "QUEUED", "msg": "M"})
-    out = store.fail("gone-wrong", 0, {"etype": "KeyError", "emsg": "x"})
+    out = store.executions.fail("gone-wrong", 0, {"etype": "KeyError", "emsg": "x"})
     assert (out.code, out.state) == (Reply.OK, "QUEUED")
     assert rclient.hmget(jk, "st", "etype", "msg") == ["FAILED", "KeyError", None]
     assert rclient.pttl(jk) > 0
@@ -115,7 +115,7 @@ def test_fails_twice_then_succeeds_with_the_documented_delays(redis_url, uid, wo
     # the retries header.
     assert sorted(hd["retries"] for hd in seen) == [0, 1, 2], seen
     assert all(looked_ahead(hd) for hd in seen), seen
-    rec = get_store(app).get(h.id)
+    rec = get_store(app).lookup.get(h.id)
     assert rec["retries"] == "2" and rec["etype"].endswith("Flaky")
 
 
@@ -130,10 +130,10 @@ def test_retry_later_countdown_and_a_final_failure(redis_url, uid, workers, rcli
     got = runs(rclient, prefix, manual.id)
     assert [r for r, _ in got] == [0, 1]
     assert 0.8 <= got[1][1] - got[0][1] <= 0.8 + 2.0  # never early; slack for a loaded machine
-    assert store.get(manual.id)["etype"] == "builtins.ConnectionError"
+    assert store.lookup.get(manual.id)["etype"] == "builtins.ConnectionError"
     # KeyError is not in autoretry_for: one run, FAILED, not dead-lettered
-    wait_for(lambda: store.get(broken.id).get("st") == "FAILED", 20, what="FAILED")
-    rec = store.get(broken.id)
+    wait_for(lambda: store.lookup.get(broken.id).get("st") == "FAILED", 20, what="FAILED")
+    rec = store.lookup.get(broken.id)
     assert rec["etype"] == "builtins.KeyError" and "not retryable" in rec["emsg"] and "KeyError" in rec["tb"]
     assert len(runs(rclient, prefix, broken.id)) == 1
     assert rclient.zcard(store.keys.shard(int(rec["shard"])).dlq) == 0
@@ -147,7 +147,7 @@ def test_retries_on_the_publish_path_with_rabbitmq(rabbitmq_url, redis_url, uid,
     app = make_app(rabbitmq_url, uid, delayed_redis_url=redis_url, **conf)
     prefix, queue = app.conf.delayed_key_prefix, app.conf.task_default_queue
     store = get_store(app)
-    assert not store.direct
+    assert not store.broker.direct
     w = WorkerProcess(rabbitmq_url, prefix, queue, store=redis_url, conf=conf, concurrency=1, pool="solo")
     workers.append(w)
     workers.append(SchedulerProcess(rabbitmq_url, prefix, queue, store=redis_url, conf=conf))
@@ -157,8 +157,8 @@ def test_retries_on_the_publish_path_with_rabbitmq(rabbitmq_url, redis_url, uid,
     got = runs(rclient, prefix, h.id)
     assert [r for r, _ in got] == [0, 1]
     assert got[1][1] - got[0][1] >= 0.5
-    wait_for(lambda: store.get(h.id)["st"] == "SUCCEEDED", 10, what="SUCCEEDED")
-    rec = store.get(h.id)
+    wait_for(lambda: store.lookup.get(h.id)["st"] == "SUCCEEDED", 10, what="SUCCEEDED")
+    rec = store.lookup.get(h.id)
     assert rec["retries"] == "1" and "lk" not in rec  # published by kombu, not pushed by Lua
 
 
@@ -179,7 +179,7 @@ def _running(app: Any, retries: int = 0, **attrs: Any) -> tuple[Any, Any]:
     task = app.task(base=DelayedTask, bind=True, name=name, shared=False, **attrs)(body)
     store = get_store(app)
     h = apply_later(app, name, when=0)
-    store.release_due(h.shard, now_ms=store.now_ms() + 10)
+    store.release.release_due(h.shard, now_ms=store.redis.now_ms() + 10)
     task.push_request(id=h.id, called_directly=False, is_eager=False, retries=retries, hostname="w@test",
                       args=(), kwargs={}, delivery_info={"exchange": "", "routing_key": app.conf.task_default_queue},
                       delayed_shard=h.shard)
@@ -197,7 +197,7 @@ def _decide(app: Any, exc: BaseException, retries: int = 0, **attrs: Any) -> tup
         outcome = "retry"
     finally:
         task.pop_request()
-    return outcome, store.get(h.id)
+    return outcome, store.lookup.get(h.id)
 
 
 def test_failure_decision(app):
@@ -232,17 +232,17 @@ def test_celery_retry_with_max_retries_goes_through_the_store(app):
             task.retry(exc=Boom("first"), max_retries=1, countdown=5)
     finally:
         task.pop_request()
-    rec = store.get(h.id)
+    rec = store.lookup.get(h.id)
     assert (rec["st"], rec["retries"], rec["delay"], rec["etype"]) == ("SCHEDULED", "1", "5000", "test_retry.Boom")
     assert int(rec["due"]) == int(info.value.when.timestamp() * 1000)
-    assert store.release_due(h.shard, now_ms=int(rec["due"])).ids == [h.id]  # the next attempt, released
+    assert store.release.release_due(h.shard, now_ms=int(rec["due"])).ids == [h.id]  # the next attempt, released
     _push(app, task, h, 1)
     try:
         with pytest.raises(Boom, match="second"):
             task.retry(exc=Boom("second"), max_retries=1, countdown=5)
     finally:
         task.pop_request()
-    rec = store.get(h.id)
+    rec = store.lookup.get(h.id)
     assert (rec["st"], rec["attempts"], rec["emsg"]) == ("DEAD", "2", "second")
     assert dlq.count(app) == 1
     # Without a countdown the delay is the backoff policy's, not Celery's default_retry_delay (180 s).
@@ -252,7 +252,7 @@ def test_celery_retry_with_max_retries_goes_through_the_store(app):
             task.retry(exc=Boom("x"), max_retries=3)
     finally:
         task.pop_request()
-    assert 0 <= int(store.get(h.id)["delay"]) <= 1000  # exponential, full jitter, base 1 s
+    assert 0 <= int(store.lookup.get(h.id)["delay"]) <= 1000  # exponential, full jitter, base 1 s
 
 
 def test_backoff_factor_and_cap_settings(redis_url, uid):
@@ -290,9 +290,9 @@ def test_dlq_all_failures_setting(redis_url, uid):
 def test_retry_later_bad_input_writes_nothing(app, call, error):
     task, h = _running(app)
     try:
-        before = get_store(app).get(h.id)
+        before = get_store(app).lookup.get(h.id)
         with pytest.raises(error):
             task.retry_later(exc=Boom("x"), **call)
-        assert get_store(app).get(h.id) == before
+        assert get_store(app).lookup.get(h.id) == before
     finally:
         task.pop_request()

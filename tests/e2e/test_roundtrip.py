@@ -105,7 +105,7 @@ def test_priorities_queues_routing_keys_serializers_and_sent_events(
     conf = _conf(uid, task_send_sent_event=True, accept_content=["json", "pickle"])
     app = make_app(redis_url, uid, **conf)
     prefix, queue = app.conf.delayed_key_prefix, app.conf.task_default_queue
-    assert get_store(app).direct
+    assert get_store(app).broker.direct
     log = EventLog(app)
     event_log_factory.append(log)
     # The worker declares its queues at start; declare the bound one now, as it will.
@@ -125,7 +125,7 @@ def test_priorities_queues_routing_keys_serializers_and_sent_events(
 
     released, events = _release_all(app)
     assert released == len(ids)
-    assert get_store(app).get(later)["st"] == "SCHEDULED"
+    assert get_store(app).lookup.get(later)["st"] == "SCHEDULED"
 
     # Where kombu's consumer will look for them.
     lists = collections.Counter()

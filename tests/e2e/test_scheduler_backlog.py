@@ -44,7 +44,7 @@ def test_outage_backlog_is_released_round_robin(uid, workers):
             calls = [{"args": (i,), "when": past[i % 100], "shard_key": "hot"}
                      for i in range(start, start + 5000)]
             hot_ids += [h.id for h in apply_later_many(app, "e2e.mark", calls, strict=False)]
-        hot = store.shard_of("", "hot")
+        hot = store.layout.shard_of("", "hot")
         print(f"\nscheduled {SPREAD + HOT} due jobs in {time.monotonic() - t0:.1f}s")
         status = ShardStatus(store).rows()
         assert sum(r["overdue"] for r in status) == SPREAD + HOT
@@ -67,7 +67,7 @@ def test_outage_backlog_is_released_round_robin(uid, workers):
         assert max(counts.values()) == 1, "a job was released twice"
         assert sum(r["pending"] for r in ShardStatus(store).rows()) == 0
 
-        shard_of = {jid: store.shard_of(jid) for jid in ids}
+        shard_of = {jid: store.layout.shard_of(jid) for jid in ids}
         shard_of.update(dict.fromkeys(hot_ids, hot))
         last_small = max(i for i, jid in enumerate(order) if shard_of[jid] != hot)
         hot_before = sum(1 for jid in order[:last_small] if shard_of[jid] == hot)

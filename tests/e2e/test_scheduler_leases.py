@@ -93,7 +93,7 @@ def takeover(app, client: redis.Redis, survivor: SchedulerProcess, since: float)
     prefix = app.conf.delayed_key_prefix
     wait_for(lambda: {pid_of(o) for o in lease_owners(client, prefix) if o} == {survivor.pid}
              and all(lease_owners(client, prefix)), 10, interval=0.01, what="the take-over")
-    return time.monotonic() - since, get_store(app).now_ms()
+    return time.monotonic() - since, get_store(app).redis.now_ms()
 
 
 @pytest.mark.timeout(120)

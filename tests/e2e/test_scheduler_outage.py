@@ -51,21 +51,21 @@ def test_scheduler_survives_a_redis_restart(uid, workers):
         wait_for(lambda: client.llen(queue) >= len(during), 20, interval=0.05,
                  what="the jobs that came due during the outage")
         resumed = time.monotonic() - restarted
-        assert all(store.get(j)["st"] == "QUEUED" for j in during)
+        assert all(store.lookup.get(j)["st"] == "QUEUED" for j in during)
 
         # The wake-up listener is subscribed again: a job 300 ms ahead is on time,
         # although the loop sleeps toward the far job (or its heartbeat, 7.5 s away).
         wait_for(lambda: subscribed(client, wake), 15, what="the listener to resubscribe")
         time.sleep(0.2)
         h = apply_later(app, "e2e.mark", when=0.3, strict=False)
-        rec = wait_for(lambda: (r := store.get(h.id)).get("st") == "QUEUED" and r, 10, interval=0.01,
+        rec = wait_for(lambda: (r := store.lookup.get(h.id)).get("st") == "QUEUED" and r, 10, interval=0.01,
                        what="the release after the restart")
         late = int(rec["released"]) - int(rec["due"])
         print(f"\nRedis down {down_s:.0f}s: overdue jobs released {resumed:.2f}s after the restart; "
               f"a wake-up after it was {late} ms late")
         assert late < 1000
         assert client.llen(queue) == len(during) + 1
-        assert store.get(far.id)["st"] == "SCHEDULED"
+        assert store.lookup.get(far.id)["st"] == "SCHEDULED"
         assert s.proc.poll() is None
         out = s.output()
         assert "unavailable" in out and "resuming" in out, out[-3000:]

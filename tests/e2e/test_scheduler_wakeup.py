@@ -46,7 +46,7 @@ def test_wakeup_releases_an_earlier_job_on_time(redis_url, uid, workers, rclient
     release_ms, start_ms = [], []
     for i in range(5):
         h = apply_later(app, "e2e.mark", strict=False, args=(i,), when=0.05)
-        rec = wait_for(lambda h=h: "released" in (r := store.get(h.id)) and r, 5,
+        rec = wait_for(lambda h=h: "released" in (r := store.lookup.get(h.id)) and r, 5,
                        interval=0.01, what="the release")
         due = int(rec["due"])
         release_ms.append(int(rec["released"]) - due)
@@ -59,7 +59,7 @@ def test_wakeup_releases_an_earlier_job_on_time(redis_url, uid, workers, rclient
     # Due in 50 ms, within the look-ahead window: released at once (before it is due), run on time.
     assert all(-60 <= x < 250 for x in release_ms), release_ms
     assert all(-5 <= x < 1000 for x in start_ms), start_ms
-    assert store.get(far.id)["st"] == "SCHEDULED"
+    assert store.lookup.get(far.id)["st"] == "SCHEDULED"
 
 
 def client_commands(server: RedisServer, seconds: float) -> list[str]:

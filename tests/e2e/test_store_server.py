@@ -119,7 +119,7 @@ def test_a_batch_that_keeps_redis_busy_past_the_socket_timeout_is_waited_for(uid
         pending = sum(client.zcard(f"t{uid}:{{{s}}}:due") for s in range(8))
         assert pending == 1 + 2 * n
         # The long calls' own connections never joined the pool: its connections keep the client's timeout.
-        pool = get_store(app).client.connection_pool
+        pool = get_store(app).redis.client.connection_pool
         held = [pool.get_connection() for _ in range(4)]
         try:
             assert [c.socket_timeout for c in held] == [limit] * 4
@@ -144,7 +144,7 @@ def test_a_batch_refused_after_a_second_round_trip_names_the_jobs_it_stored(uid)
         store = get_store(app)
 
         def pending() -> set[str]:
-            return {j for i in range(store.shards) for j in client.zrange(store.keys.shard(i).due, 0, -1)}
+            return {j for i in range(store.layout.shards) for j in client.zrange(store.keys.shard(i).due, 0, -1)}
 
         grew, partial = 0, 0
         for n in range(41):

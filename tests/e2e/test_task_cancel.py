@@ -21,7 +21,7 @@ from celery_delayed.store import ShardStatus
 
 def _release_all(app: Celery) -> list[str]:
     store = get_store(app)
-    return [jid for s in range(store.config.shards) for jid in store.release_due(s).ids]
+    return [jid for s in range(store.config.shards) for jid in store.release.release_due(s).ids]
 
 
 class EventLog:
@@ -165,7 +165,7 @@ def test_cancel_races_release_each_job_released_or_cancelled_never_both(redis_ur
     def releaser() -> None:
         go.wait(5)
         while True:
-            got = [jid for s in range(4) for jid in store.release_due(s, limit=1).ids]
+            got = [jid for s in range(4) for jid in store.release.release_due(s, limit=1).ids]
             released.extend(got)
             if not got and sum(r["pending"] for r in ShardStatus(store).rows()) == 0:
                 return
@@ -194,7 +194,7 @@ def test_cancel_races_release_each_job_released_or_cancelled_never_both(redis_ur
     assert sorted(queued) == sorted(released)  # exactly the released ones were pushed
     assert cancelled_after <= set(released)
     assert len(cancelled_before) > 100 and len(released) > 100, "no race happened"
-    states = {store.get(j)["st"] for j in ids}
+    states = {store.lookup.get(j)["st"] for j in ids}
     assert states == {"CANCELLED"}
 
 

@@ -14,7 +14,7 @@ from celery_delayed.vocab import Reply
 
 def _release_all(app) -> int:
     store = get_store(app)
-    return sum(store.release_due(s).count for s in range(store.config.shards))
+    return sum(store.release.release_due(s).count for s in range(store.config.shards))
 
 
 def test_ledger_lease_takeover_and_done_marker(redis_url, uid, rclient):
@@ -22,34 +22,35 @@ def test_ledger_lease_takeover_and_done_marker(redis_url, uid, rclient):
     h = apply_later(app, "e2e.mark", when=0, strict=False)
     assert _release_all(app) == 1
     store = get_store(app)
-    t0 = store.now_ms()
+    t0 = store.redis.now_ms()
 
-    first = store.start(h.id, h.shard, "a", "host-a", now_ms=t0)
+    first = store.executions.start(h.id, h.shard, "a", "host-a", now_ms=t0)
     assert (first.code, first.attempt, first.lease_until_ms) == (Reply.OK, 1, t0 + 1000)
     assert h.job_state == "RUNNING"
-    busy = store.start(h.id, h.shard, "b", "host-b", now_ms=t0 + 500)
+    busy = store.executions.start(h.id, h.shard, "b", "host-b", now_ms=t0 + 500)
     assert (busy.code, busy.lease_until_ms) == (Reply.BUSY, t0 + 1000)
-    assert store.extend_lease(h.id, h.shard, "a", now_ms=t0 + 900)  # the heartbeat: deadline t0 + 1900
-    assert store.start(h.id, h.shard, "b", "host-b", now_ms=t0 + 1800).code == Reply.BUSY
-    assert not store.extend_lease(h.id, h.shard, "b", now_ms=t0 + 1800)
+    assert store.executions.extend_lease(h.id, h.shard, "a", now_ms=t0 + 900)  # the heartbeat: deadline t0 + 1900
+    assert store.executions.start(h.id, h.shard, "b", "host-b", now_ms=t0 + 1800).code == Reply.BUSY
+    assert not store.executions.extend_lease(h.id, h.shard, "b", now_ms=t0 + 1800)
 
     # a's worker died: once its lease passed, a redelivery takes over (attempt 2)
-    took = store.start(h.id, h.shard, "b", "host-b", now_ms=t0 + 1901)
+    took = store.executions.start(h.id, h.shard, "b", "host-b", now_ms=t0 + 1901)
     assert (took.code, took.attempt) == (Reply.OK, 2)
-    assert not store.extend_lease(h.id, h.shard, "a", now_ms=t0 + 1902)  # a, if it comes back, learns it lost the job
-    assert store.finish(h.id, h.shard, "a", "SUCCEEDED") == Outcome(Reply.NOT_OWNER, "RUNNING")
-    assert store.finish(h.id, h.shard, "b", "SUCCEEDED") == Outcome(Reply.OK, "SUCCEEDED")
+    # a, if it comes back, learns it lost the job
+    assert not store.executions.extend_lease(h.id, h.shard, "a", now_ms=t0 + 1902)
+    assert store.executions.finish(h.id, h.shard, "a", "SUCCEEDED") == Outcome(Reply.NOT_OWNER, "RUNNING")
+    assert store.executions.finish(h.id, h.shard, "b", "SUCCEEDED") == Outcome(Reply.OK, "SUCCEEDED")
 
     rec = h.job()
     assert rec["st"] == "SUCCEEDED" and rec["att"] == "2" and rec["wk"] == "host-b"
     assert "lo" not in rec and "lu" not in rec
     assert 55_000 < rclient.pttl(store.keys.shard(h.shard).job(h.id)) <= 60_000
-    done = store.start(h.id, h.shard, "c", "host-c")
+    done = store.executions.start(h.id, h.shard, "c", "host-c")
     assert (done.code, done.state) == (Reply.WRONG_STATE, "SUCCEEDED")
 
 
 def test_start_without_record_runs_untracked(app):
-    assert get_store(app).start("never-scheduled", 0, "a").code == Reply.NOT_FOUND == 0
+    assert get_store(app).executions.start("never-scheduled", 0, "a").code == Reply.NOT_FOUND == 0
 
 
 def test_duplicate_key_returns_the_existing_job(app, rclient):
@@ -87,8 +88,8 @@ def test_key_stays_reserved_for_the_idempotency_ttl_after_the_job_finishes(redis
     plain = apply_later(app, "e2e.mark", when=0, strict=False)
     assert _release_all(app) == 2
     for h in (keyed, plain):
-        assert store.start(h.id, h.shard, "w", "host").code == Reply.OK
-        assert store.finish(h.id, h.shard, "w", "SUCCEEDED").code == Reply.OK
+        assert store.executions.start(h.id, h.shard, "w", "host").code == Reply.OK
+        assert store.executions.finish(h.id, h.shard, "w", "SUCCEEDED").code == Reply.OK
     assert 2_000 < rclient.pttl(store.keys.shard(keyed.shard).job(keyed.id)) <= 3_000  # idempotency ttl
     assert 0 < rclient.pttl(store.keys.shard(plain.shard).job(plain.id)) <= 1_000  # done ttl
 
@@ -107,7 +108,7 @@ def test_redelivered_completed_task_is_skipped(redis_url, uid, rclient, workers)
     prefix, queue = app.conf.delayed_key_prefix, app.conf.task_default_queue
     store = get_store(app)
     h = apply_later(app, "e2e.mark", when=0, strict=False)
-    msg, lk = store.message(h.id, h.shard), store.get(h.id, h.shard)["lk"]
+    msg, lk = store.lookup.message(h.id, h.shard), store.lookup.get(h.id, h.shard)["lk"]
     assert _release_all(app) == 1
     w = WorkerProcess(redis_url, prefix, queue, concurrency=2)
     workers.append(w)
@@ -119,7 +120,7 @@ def test_redelivered_completed_task_is_skipped(redis_url, uid, rclient, workers)
     # a task sent with plain apply_async (no record) just runs
     plain = app.send_task("e2e.mark", queue=queue)
     wait_for(lambda: plain.id in ran(rclient, prefix), 20, what="the plain task")
-    assert not rclient.exists(store.keys.shard(store.shard_of(plain.id)).job(plain.id))
+    assert not rclient.exists(store.keys.shard(store.layout.shard_of(plain.id)).job(plain.id))
 
 
 @pytest.mark.e2e
@@ -156,7 +157,7 @@ def test_publish_path_duplicate_runs_once_on_rabbitmq(rabbitmq_url, redis_url, u
     app = make_app(rabbitmq_url, uid, delayed_redis_url=redis_url, delayed_claim_lease_ms=500)
     prefix, queue = app.conf.delayed_key_prefix, app.conf.task_default_queue
     store = get_store(app)
-    assert not store.direct
+    assert not store.broker.direct
     h = apply_later(app, "e2e.mark", when=0, strict=False)
     mover = PublishMover(app, store)
 
@@ -206,7 +207,7 @@ def test_store_down_at_start_requeues_then_runs_once_it_is_back(redis_url, uid, 
         assert f"[{h.id}] succeeded" not in out and f"[{h.id}] raised" not in out
         store_srv.start()
         wait_for(lambda: h.job_state == "SUCCEEDED", 30, what="the job to run once the store is back")
-        store_client = get_store(app).client
+        store_client = get_store(app).redis.client
         assert [x.split("|")[0] for x in store_client.lrange(f"{prefix}:ran", 0, -1)] == [h.id]
     finally:
         store_srv.__exit__()

@@ -84,10 +84,10 @@ def test_actions_need_the_csrf_token_and_same_origin(wapp, dashboard):
     assert fetch(f"{base}/jobs/{h.id}/cancel", f"csrf={token}".encode(),
                  {"Origin": "http://evil.example"})[0] == 403
     assert fetch(f"{base}/jobs/{h.id}/cancel", f"csrf={token}".encode(), {"Sec-Fetch-Site": "cross-site"})[0] == 403
-    assert get_store(wapp).get(h.id)["st"] == "SCHEDULED"
+    assert get_store(wapp).lookup.get(h.id)["st"] == "SCHEDULED"
     status, page, _ = fetch(f"{base}/jobs/{h.id}/cancel", f"csrf={token}".encode())
     assert status == 200 and "cancelled (was SCHEDULED)" in page
-    assert get_store(wapp).get(h.id)["st"] == "CANCELLED"
+    assert get_store(wapp).lookup.get(h.id)["st"] == "CANCELLED"
 
 
 def test_read_only_serves_no_action(wapp):
@@ -150,8 +150,8 @@ def _dead_letter(app) -> str:
     time.sleep(0.2)
     store = get_store(app)
     for s in range(store.config.shards):
-        store.release_due(s)
-    assert store.get(h.id)["st"] == "DEAD"
+        store.release.release_due(s)
+    assert store.lookup.get(h.id)["st"] == "DEAD"
     return h.id
 
 
@@ -180,14 +180,14 @@ def test_in_a_real_browser_cancel_and_requeue(wapp, dashboard, tmp_path):
         drv.find_element(By.ID, "cancel").click()
         wait.until(ec.text_to_be_present_in_element((By.ID, "flash"), "cancelled (was SCHEDULED)"))
         assert drv.find_element(By.ID, "job-state").text == "CANCELLED"
-        assert store.get(h.id)["st"] == "CANCELLED"
+        assert store.lookup.get(h.id)["st"] == "CANCELLED"
         drv.save_screenshot(str(tmp_path / "job.png"))
 
         drv.get(base + "/dlq")
         assert dead in drv.find_element(By.ID, "dead-letters").text
         drv.find_element(By.ID, f"requeue-{dead}").click()
         wait.until(ec.text_to_be_present_in_element((By.ID, "flash"), "requeued"))
-        assert store.get(dead)["st"] == "SCHEDULED"
+        assert store.lookup.get(dead)["st"] == "SCHEDULED"
         assert drv.find_element(By.ID, "job-state").text == "SCHEDULED"
 
         # search by idempotency key from the header
@@ -208,7 +208,7 @@ def test_ids_with_any_printable_character(wapp, dashboard):
     token = re.search(r'name="csrf" value="([0-9a-f]+)"', page).group(1)
     action = re.search(r'<form class="inline" method="post" action="([^"]+/cancel)"', page).group(1)
     status, page, _ = fetch(base + action, f"csrf={token}".encode())
-    assert status == 200 and get_store(wapp).get(odd)["st"] == "CANCELLED"
+    assert status == 200 and get_store(wapp).lookup.get(odd)["st"] == "CANCELLED"
 
 
 @pytest.mark.e2e
@@ -248,17 +248,17 @@ def test_run_now_reschedule_pause_resume_and_purge_from_the_pages(wapp, dashboar
         return body
 
     assert "rescheduled to" in post(f"/jobs/{h.id}/reschedule", when="7200")
-    assert int(store.get(h.id)["due"]) >= store.now_ms() + 7_100_000
+    assert int(store.lookup.get(h.id)["due"]) >= store.redis.now_ms() + 7_100_000
     assert "when must be seconds from now or an ISO date" in post(f"/jobs/{h.id}/reschedule", when="next tuesday")
     assert "due now" in post(f"/jobs/{h.id}/promote")
-    assert int(store.get(h.id)["due"]) <= store.now_ms()
+    assert int(store.lookup.get(h.id)["due"]) <= store.redis.now_ms()
     assert "paused queue:" in post("/pause", queue=wapp.conf.task_default_queue)
-    assert store.pauses()
+    assert store.jobs.pauses()
     _, page, _ = fetch(base + "/")
     assert f"queue:{wapp.conf.task_default_queue}" in page
     assert "resumed" in post("/resume", flag=f"queue:{wapp.conf.task_default_queue}")
-    assert not store.pauses()
+    assert not store.jobs.pauses()
     dead = _dead_letter(wapp)
     assert "purged 1 dead letter(s)" in post("/dlq/purge")
     with pytest.raises(JobNotFound):
-        store.get(dead)
+        store.lookup.get(dead)

@@ -275,7 +275,7 @@ class FaultRun:
         (``out.deliverable``), not lost, only late.
         """
         store = self.store()
-        c = store.client
+        c = store.redis.client
         pipe = c.pipeline(transaction=True)
         for key in queue_keys(self.queue):
             pipe.lrange(key, 0, -1)
@@ -285,7 +285,7 @@ class FaultRun:
         unacked = {json.loads(raw)[0]["headers"]["id"] for raw in held}
         pipe = c.pipeline(transaction=False)
         for i in not_run:
-            pipe.hget(store.keys.shard(store.shard_of(i)).job(i), "st")
+            pipe.hget(store.keys.shard(store.layout.shard_of(i)).job(i), "st")
         states: collections.Counter[str] = collections.Counter()
         for i, st in zip(not_run, pipe.execute(), strict=True):
             if st is None:
@@ -306,7 +306,7 @@ class FaultRun:
     def store_problems(self) -> list[str]:
         """Inconsistencies of the store (an empty list when it is consistent)."""
         store = self.store()
-        c = store.client
+        c = store.redis.client
         problems: list[str] = []
         for s in range(store.config.shards):
             sk = store.keys.shard(s)

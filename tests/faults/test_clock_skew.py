@@ -60,12 +60,12 @@ def test_skewed_clocks_release_nothing_early(monkeypatch: pytest.MonkeyPatch) ->
         window = store.config.lookahead_ms
         early, late_ms = 0, []
         for i in ids:
-            rec = store.get(i)
+            rec = store.lookup.get(i)
             due, released = int(rec["due"]), int(rec["released"])
             early += released < due - window
             late_ms.append(released - due)
         started = {i: t for i, _, _, t in run.runs("start")}
-        early_start = sum(1 for i in ids if started[i] * 1000 < int(store.get(i)["due"]))
+        early_start = sum(1 for i in ids if started[i] * 1000 < int(store.lookup.get(i)["due"]))
         late_ms.sort()
         out = run.outcome("clock skew +/-30 s (schedulers and app)", ids, 2)
         out.notes.update(released_early=early, started_early=early_start,
@@ -74,7 +74,7 @@ def test_skewed_clocks_release_nothing_early(monkeypatch: pytest.MonkeyPatch) ->
         assert early == 0 and early_start == 0, out.line()
         # An absolute datetime is that instant, exactly: the app's clock was not consulted.
         assert len(asked_ms) == JOBS // 2
-        assert {i: int(store.get(i)["due"]) for i in asked_ms} == asked_ms
+        assert {i: int(store.lookup.get(i)["due"]) for i in asked_ms} == asked_ms
         assert late_ms[-1] < 2000, "a skewed scheduler held jobs back"
         assert out.lost == 0 and out.duplicated == 0
         # Both skewed schedulers took part, and their clocks really were off: their log
@@ -99,14 +99,14 @@ def test_relative_expires_is_counted_from_the_redis_clock(redis_url: str, uid: s
     app = make_app(redis_url, uid)
     store = get_store(app)
     real, real_ns = time.time, time.time_ns
-    called_ms = store.now_ms()
+    called_ms = store.redis.now_ms()
     monkeypatch.setattr(time, "time", lambda: real() + skew)
     monkeypatch.setattr(time, "time_ns", lambda: real_ns() + int(skew * 1e9))
     h = apply_later(app, "fault.run", when=0, expires=20, strict=False)
     monkeypatch.setattr(time, "time", real)
     monkeypatch.setattr(time, "time_ns", real_ns)
-    exp = int(store.get(h.id)["exp"])
-    batch = store.release_due(h.shard)  # at once, by the Redis clock: 20 s before it expires
+    exp = int(store.lookup.get(h.id)["exp"])
+    batch = store.release.release_due(h.shard)  # at once, by the Redis clock: 20 s before it expires
     assert batch.ids == [h.id]
-    assert store.get(h.id)["st"] == "QUEUED", store.get(h.id).get("reason")
+    assert store.lookup.get(h.id)["st"] == "QUEUED", store.lookup.get(h.id).get("reason")
     assert abs(exp - (called_ms + 20_000)) < 2_000, f"expires {exp - called_ms} ms after the call"

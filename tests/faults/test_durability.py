@@ -45,7 +45,7 @@ def _init_db(run: FaultRun) -> Any:
 
 def _release_without_workers(run: FaultRun) -> int:
     store = run.store()
-    return sum(store.release_due(s).count for s in range(store.config.shards))
+    return sum(store.release.release_due(s).count for s in range(store.config.shards))
 
 
 @pytest.mark.timeout(180)
@@ -105,7 +105,7 @@ def _records(run: FaultRun, ids: list[str]) -> list[dict[str, str]]:
     out = []
     for i in ids:
         try:
-            out.append(store.get(i))
+            out.append(store.lookup.get(i))
         except Exception:
             out.append({})
     return out
@@ -137,7 +137,7 @@ def test_producer_killed_between_commit_and_redis_write(pg_url: str) -> None:
         ids = [r.id for r in rows.page(["SCHEDULED"], "", 1000)]
         assert len(ids) == 20
         store = run.store()
-        assert all(store.record_states(s, [i])[i] is None for i in ids for s in [store.shard_of(i)])
+        assert all(store.lookup.record_states(s, [i])[i] is None for i in ids for s in [store.layout.shard_of(i)])
         run.scheduler()
         run.wait_ready(run.worker())
         assert run.wait_executed(ids, 60)
@@ -152,7 +152,7 @@ def test_redis_down_while_scheduling_with_a_database(pg_url: str) -> None:
     with FaultRun(seed=13, conf=FAST | {"delayed_database_url": pg_url}) as run:
         _init_db(run)
         assert run.app is not None
-        get_store(run.app).check_layout()
+        get_store(run.app).layout.check()
         run.redis.stop("term")
         handles = apply_later_many(run.app, TASK, [{"args": (i,), "when": 0} for i in range(200)], strict=False)
         assert [h.indexed for h in handles] == [False] * 200  # the calls succeed: the rows are the jobs
@@ -182,4 +182,4 @@ def test_reconcile_command_reports_and_fixes(pg_url: str) -> None:
         assert fix.returncode == 0, fix.stderr
         assert json.loads(fix.stdout)["reindexed"] == 30
         store = run.store()
-        assert {store.get(i)["st"] for i in ids} == {"SCHEDULED"}
+        assert {store.lookup.get(i)["st"] for i in ids} == {"SCHEDULED"}

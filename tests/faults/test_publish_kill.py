@@ -22,7 +22,7 @@ def test_publish_path_sigkill_between_publish_and_ack() -> None:
     conf = {"delayed_lease_ms": 1000, "delayed_claim_lease_ms": 1000, "delayed_batch_size": 50,
             "delayed_shards": 4}
     with FaultRun(seed=2, conf=conf, broker="amqp://guest:guest@127.0.0.1:5672//") as run:
-        assert not run.store().direct
+        assert not run.store().broker.direct
         ids = run.schedule(JOBS, 1.0, SPREAD_S)
         # Each life of a scheduler publishes 2 batches, then dies before acking its 3rd.
         for _ in range(2):

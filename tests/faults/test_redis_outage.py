@@ -72,7 +72,7 @@ def test_refused_for_5s_typed_error_nothing_written_scheduler_resumes() -> None:
         caught_up_s = max(t for i, _, _, t in run.runs("done") if i in set(during)) - (
             time.time() - (time.monotonic() - back_at))
         store = run.store()
-        written = [i for i in tried if store.client.exists(store.keys.shard(store.shard_of(i)).job(i))]
+        written = [i for i in tried if store.redis.client.exists(store.keys.shard(store.layout.shard_of(i)).job(i))]
         assert written == [], f"{len(written)} refused calls left records"
         log = sched.output()
         assert "unavailable" in log and "retrying in" in log, "the scheduler did not log the outage"

@@ -100,7 +100,7 @@ def test_redis_restart_under_load(sig: str) -> None:
         # while: nothing scheduled or in flight, no message on the queue or in kombu's unacked
         # hash (kombu restores a message whose ack was lost after visibility_timeout, and a
         # worker restarted by the supervisor picks up what its predecessor held).
-        client = run.store().client
+        client = run.store().redis.client
         gone: dict[str, object] = {}
 
         def settled() -> bool:

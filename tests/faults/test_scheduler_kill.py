@@ -42,7 +42,7 @@ def test_sigkill_schedulers_while_jobs_come_due() -> None:
             time.sleep(KILL_EVERY_S * (0.5 + run.rng.random()))
             i = run.rng.randrange(len(scheds))
             run.kill(scheds[i])
-            killed_ms.append(store.now_ms())
+            killed_ms.append(store.redis.now_ms())
             kills += 1
             scheds[i] = run.scheduler()
         released_s = time.monotonic() - t
@@ -54,14 +54,14 @@ def test_sigkill_schedulers_while_jobs_come_due() -> None:
             if p.kind == "worker":
                 p.stop(timeout=10)
         assert run.pending() == 0
-        assert undelivered(store.client, ids, queue_keys(run.queue)) == []
+        assert undelivered(store.redis.client, ids, queue_keys(run.queue)) == []
         assert sum(run.deliveries().values()) == JOBS
         # Late by at most the lease: a job due while its shard's holder was dead is released
         # once the holder's membership lease passed and a survivor's heartbeat (a quarter lease)
         # took the shard, so at most that after the latest kill before its release.
-        pipe = store.client.pipeline(transaction=False)
+        pipe = store.redis.client.pipeline(transaction=False)
         for i in ids:
-            pipe.hmget(store.keys.shard(store.shard_of(i)).job(i), "due", "released")
+            pipe.hmget(store.keys.shard(store.layout.shard_of(i)).job(i), "due", "released")
         over = []
         late = []
         for i, (due, released) in zip(ids, pipe.execute(), strict=True):

@@ -129,8 +129,8 @@ def test_master_killed_under_load(redis_url, uid, rclient, wait_replicas, broker
             after_kill = [i for p in producers for i, t in p.acked if t > killed_at + promoted_s]
             assert after_kill, "no producer was acknowledged after the failover"
             store = get_store(app())
-            assert store.direct == (broker == "sentinel")
-            queues = store.client if store.direct else rclient
+            assert store.broker.direct == (broker == "sentinel")
+            queues = store.redis.client if store.broker.direct else rclient
             seen: dict[str, Any] = {}
 
             def settled() -> bool:

@@ -55,7 +55,7 @@ def test_whole_worker_killed_mid_task_job_completes_on_another() -> None:
         assert out.lost == 0 and out.duplicated == 0, out.line()
         assert run.store_problems() == []
         store = run.store()
-        assert all(store.get(i)["st"] == "SUCCEEDED" for i in long_ids)
+        assert all(store.lookup.get(i)["st"] == "SUCCEEDED" for i in long_ids)
 
 
 @pytest.mark.timeout(120)
@@ -77,4 +77,4 @@ def test_pool_child_killed_mid_task_job_is_requeued_and_completes() -> None:
         out.report()
         assert out.lost == 0 and out.duplicated == 0, out.line()
         assert w.alive()
-        assert run.store().get(ids[0])["st"] == "SUCCEEDED"
+        assert run.store().lookup.get(ids[0])["st"] == "SUCCEEDED"

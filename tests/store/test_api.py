@@ -63,7 +63,7 @@ def keys_of(client: redis.Redis, app: Celery) -> set[str]:
 
 
 def redis_ms(app: Celery) -> int:
-    return get_store(app).now_ms()
+    return get_store(app).redis.now_ms()
 
 
 # -- scheduling ----------------------------------------------------------------
@@ -80,7 +80,7 @@ def test_apply_later_with_a_delay(tapp: Celery) -> None:
     job = h.job()
     assert job["st"] == "SCHEDULED" and job["task"] == NAME and job["q"] == tapp.conf.task_default_queue
     assert job["due"] == str(h.due_ms) and job["id"] == h.id and "msg" not in job
-    assert int(job["shard"]) == h.shard == get_store(tapp).shard_of(h.id)
+    assert int(job["shard"]) == h.shard == get_store(tapp).layout.shard_of(h.id)
     assert h.job_state == "SCHEDULED"
 
 
@@ -104,7 +104,7 @@ def test_apply_later_with_datetimes(redis_url: str, uid: str) -> None:
 def test_past_time_is_released_at_once(tapp: Celery) -> None:
     h = apply_later(tapp, NAME, args=(1,), when=datetime(2001, 1, 1, tzinfo=timezone.utc))
     assert h.eta == datetime(2001, 1, 1, tzinfo=timezone.utc)
-    batch = get_store(tapp).release_due(h.shard)
+    batch = get_store(tapp).release.release_due(h.shard)
     assert batch.ids == [h.id]
     assert h.job_state == "QUEUED"
 
@@ -115,7 +115,7 @@ def test_options_reach_the_record(tapp: Celery) -> None:
     assert h.id == "my-id"
     job = h.job()
     assert job["q"] == "elsewhere" and job["sk"] == "user-7"
-    assert h.shard == get_store(tapp).shard_of("my-id", "user-7")
+    assert h.shard == get_store(tapp).layout.shard_of("my-id", "user-7")
     assert job["lk"] == "elsewhere\x06\x169"
 
 
@@ -134,9 +134,9 @@ def test_task_attributes_are_defaults(redis_url: str, uid: str) -> None:
 def test_shard_key_groups_jobs(tapp: Celery) -> None:
     hs = [apply_later(tapp, NAME, args=(i,), when=60, shard_key="tenant-1") for i in range(5)]
     assert len({h.shard for h in hs}) == 1
-    assert hs[0].shard == get_store(tapp).shard_of("whatever", "tenant-1")
+    assert hs[0].shard == get_store(tapp).layout.shard_of("whatever", "tenant-1")
     as_int = apply_later(tapp, NAME, args=(1,), when=60, shard_key=12345)
-    assert as_int.shard == get_store(tapp).shard_of("x", "12345")
+    assert as_int.shard == get_store(tapp).layout.shard_of("x", "12345")
     # cancel finds a job away from its id's shard.
     assert cancel(tapp, hs[0].id) == "SCHEDULED"
 
@@ -181,7 +181,7 @@ def test_cancel(tapp: Celery) -> None:
 
 def test_cancel_a_released_job(tapp: Celery) -> None:
     h = apply_later(tapp, NAME, args=(1,), when=0)
-    get_store(tapp).release_due(h.shard)
+    get_store(tapp).release.release_due(h.shard)
     assert cancel(tapp, h.id) == "QUEUED"  # the worker re-reads the state and skips it
     assert h.job_state == "CANCELLED"
 
@@ -236,7 +236,7 @@ def test_duplicate_task_id(tapp: Celery) -> None:
     with pytest.raises(DuplicateJob, match="exists already") as e:
         apply_later(tapp, NAME, args=(2,), when=5, task_id="fixed")
     assert e.value.state == "SCHEDULED"
-    assert get_store(tapp).get("fixed")["due"] != ""
+    assert get_store(tapp).lookup.get("fixed")["due"] != ""
 
 
 # -- bad input ------------------------------------------------------------------------
@@ -360,7 +360,7 @@ def test_bad_job_ids_for_cancel_reschedule_and_keys(tapp: Celery, bad: Any) -> N
     with pytest.raises(InvalidOption, match="job id must be a non-empty string"):
         reschedule(tapp, bad, 5)
     with pytest.raises(InvalidOption, match="job id must be a non-empty string"):
-        get_store(tapp).get(bad)
+        get_store(tapp).lookup.get(bad)
     if bad != "":
         with pytest.raises(InvalidOption, match="idempotency_key must be a string"):
             cancel_by_key(tapp, bad)
@@ -446,16 +446,16 @@ def test_a_cancelled_generations_message_is_refused_at_start(tapp: Celery, rclie
     """A key freed by a cancel gets a new generation; the old generation's leftover message never runs as it."""
     store = get_store(tapp)
     first = apply_later(tapp, NAME, args=(1,), when=0, idempotency_key="gen-k")
-    assert store.release_due(first.shard).ids == [first.id]  # its message is in the queue now
+    assert store.release.release_due(first.shard).ids == [first.id]  # its message is in the queue now
     assert first.cancel() and first.job_state == "CANCELLED"
     second = apply_later(tapp, NAME, args=(2,), when=0, idempotency_key="gen-k")
     assert second.created and second.id == first.id and second.job()["gen"] == "1"
-    assert store.release_due(second.shard).ids == [second.id]
+    assert store.release.release_due(second.shard).ids == [second.id]
     msgs = [json.loads(m) for m in rclient.lrange(tapp.conf.task_default_queue, 0, -1)]
     assert [m["headers"].get("delayed_gen") for m in reversed(msgs)] == [None, 1]  # FIFO: gen 0, then gen 1
-    stale = store.start(first.id, first.shard, "w-old", generation=0)
+    stale = store.executions.start(first.id, first.shard, "w-old", generation=0)
     assert (stale.run, stale.superseded, stale.cancelled) == (False, True, False)
-    assert store.start(second.id, second.shard, "w-new", generation=1).run
+    assert store.executions.start(second.id, second.shard, "w-new", generation=1).run
 
 
 # -- task-sent events ------------------------------------------------------------
@@ -499,7 +499,7 @@ def test_a_call_whose_connection_was_dropped_is_made_once_on_another(tapp: Celer
     gone, the call is made on the client's pool, once: nothing lost, nothing twice."""
     store = get_store(tapp)
     first = apply_later(tapp, NAME, args=(1,), when=60)
-    lane = store._lanes.get()
+    lane = store.redis.lane()
     lane.conn.send_command("CLIENT", "ID")
     own_id = int(lane.conn.read_response())
     assert rclient.client_kill_filter(_id=own_id) == 1
@@ -510,4 +510,4 @@ def test_a_call_whose_connection_was_dropped_is_made_once_on_another(tapp: Celer
     assert lane.conn is None  # dropped: the next call opens a new one
     third = apply_later(tapp, NAME, args=(3,), when=60)
     assert third.created and lane.conn is not None
-    assert {store.get(h.id)["st"] for h in (first, second, third)} == {"SCHEDULED"}
+    assert {store.lookup.get(h.id)["st"] for h in (first, second, third)} == {"SCHEDULED"}

@@ -206,7 +206,7 @@ def test_duplicate_task_id_keeps_the_first_job(bapp, store_keys):
 
 def _other_shard_key(app: Celery, job_id: str, shard: int) -> str:
     """A shard key that puts ``job_id`` in another shard than ``shard``."""
-    return next(k for k in (f"entity-{i}" for i in range(64)) if get_store(app).shard_of(job_id, k) != shard)
+    return next(k for k in (f"entity-{i}" for i in range(64)) if get_store(app).layout.shard_of(job_id, k) != shard)
 
 
 @pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
@@ -236,12 +236,12 @@ def test_same_id_under_another_shard_key_is_a_second_job_today(bapp, id_kwarg):
     assert second.id == first.id and second.shard != first.shard
     store = get_store(bapp)
     for h in (first, second):
-        assert store.get(h.id, h.shard)["st"] == "SCHEDULED"
+        assert store.lookup.get(h.id, h.shard)["st"] == "SCHEDULED"
     assert sorted((r["id"], r["shard"]) for r in Pending(store).page()) == sorted(
         [(first.id, first.shard), (first.id, second.shard)])
     assert second.cancel() is True  # by its own shard
-    assert store.get(first.id, first.shard)["st"] == "SCHEDULED"
-    assert store.get(second.id, second.shard)["st"] == "CANCELLED"
+    assert store.lookup.get(first.id, first.shard)["st"] == "SCHEDULED"
+    assert store.lookup.get(second.id, second.shard)["st"] == "CANCELLED"
 
 
 # -- odd but valid ---------------------------------------------------------------------
@@ -273,7 +273,7 @@ def test_naive_datetime_is_read_in_the_app_timezone(redis_url, uid):
 def test_past_time_is_due_now(bapp, rclient):
     h = apply_later(bapp, TASK, when=dt.datetime(2001, 1, 1, tzinfo=UTC))
     assert h.due_ms == int(dt.datetime(2001, 1, 1, tzinfo=UTC).timestamp() * 1000)
-    batch = get_store(bapp).release_due(h.shard)
+    batch = get_store(bapp).release.release_due(h.shard)
     assert batch.ids == [h.id]
     assert rclient.llen(bapp.conf.task_default_queue) == 1
     assert h.job()["st"] == "QUEUED"
@@ -298,11 +298,11 @@ def test_odd_job_ids_schedule_show_cancel(bapp, job_id):
     store = get_store(bapp)
     h = apply_later(bapp, TASK, args=(1,), when=60, task_id=job_id)
     assert h.id == job_id
-    rec = store.get(job_id)
+    rec = store.lookup.get(job_id)
     assert rec["st"] == "SCHEDULED" and rec["id"] == job_id
     assert any(r["id"] == job_id for r in Pending(store).page(limit=10_000))
     assert cd.cancel(bapp, job_id) == "SCHEDULED"
-    assert store.get(job_id)["st"] == "CANCELLED"
+    assert store.lookup.get(job_id)["st"] == "CANCELLED"
     assert not any(r["id"] == job_id for r in Pending(store).page(limit=10_000))
 
 
@@ -330,8 +330,8 @@ def test_odd_job_id_through_the_cli(redis_url, uid, rclient):
 def _in_state(app: Celery, rclient: redis.Redis, state: str) -> str:
     h = apply_later(app, TASK, when=60)
     if state == "QUEUED":
-        get_store(app).reschedule(h.id, "0", h.shard)
-        assert get_store(app).release_due(h.shard).ids == [h.id]
+        get_store(app).jobs.reschedule(h.id, "0", h.shard)
+        assert get_store(app).release.release_due(h.shard).ids == [h.id]
     elif state == "CANCELLED":
         h.cancel()
     elif state != "SCHEDULED":

@@ -45,7 +45,7 @@ def _env(text: str) -> dict[str, Any]:
 
 
 def _pushed(store: Any, queue: str) -> dict[str, str]:
-    return {json.loads(m)["headers"]["id"]: m for m in store.client.lrange(queue, 0, -1)}
+    return {json.loads(m)["headers"]["id"]: m for m in store.redis.client.lrange(queue, 0, -1)}
 
 
 def test_release_renders_celerys_message_byte_for_byte_with_the_python_twin(redis_url, uid):
@@ -57,18 +57,18 @@ def test_release_renders_celerys_message_byte_for_byte_with_the_python_twin(redi
     handles.append(apply_later(app, TASK, (2,), when=0, strict=False, root_id="the-root", parent_id="the-parent"))
     before = {}
     for n, h in enumerate(handles):
-        raw = store.client.hgetall(store.keys.shard(h.shard).job(h.id))
+        raw = store.redis.client.hgetall(store.keys.shard(h.shard).job(h.id))
         assert Field.MESSAGE not in raw and raw[Field.TEMPLATE], "stored compact"
         if n < 2:  # small arguments: every field under hash-max-listpack-value, a compact listpack
-            assert store.client.object("encoding", store.keys.shard(h.shard).job(h.id)) == "listpack"
+            assert store.redis.client.object("encoding", store.keys.shard(h.shard).job(h.id)) == "listpack"
         before[h.id] = raw
-    released = sum(store.release_due(s).count for s in range(2))
+    released = sum(store.release.release_due(s).count for s in range(2))
     assert released == len(handles)
     pushed = _pushed(store, queue)
     calls = [*TRICKY, ((1,), {}), ((2,), {})]
     for n, ((args, kwargs), h) in enumerate(zip(calls, handles, strict=True)):
-        rec = store.client.hgetall(store.keys.shard(h.shard).job(h.id))
-        t = store.template(h.shard, before[h.id][Field.TEMPLATE])
+        rec = store.redis.client.hgetall(store.keys.shard(h.shard).job(h.id))
+        t = store.lookup.template(h.shard, before[h.id][Field.TEMPLATE])
         assert t is not None
         # the Lua rendering is the Python twin's, byte for byte (tag included)
         assert pushed[h.id] == compact.render(t, h.id, h.shard, before[h.id], rec[Field.TAG])
@@ -89,12 +89,12 @@ def test_a_pending_compact_job_reads_like_a_full_one(redis_url, uid):
     app = make_app(redis_url, uid, delayed_shards=1)
     store = get_store(app)
     h = apply_later(app, TASK, (1,), {"a": 2}, when=3600, strict=False)
-    rec = store.get(h.id)
+    rec = store.lookup.get(h.id)
     assert rec["task"] == TASK and rec["q"] == app.conf.task_default_queue and rec["lk"]
     assert not {"a", "b", "e", "msg"} & rec.keys()  # the message is not part of the record view
-    env = json.loads(store.message(h.id, 0) or "")
+    env = json.loads(store.lookup.message(h.id, 0) or "")
     assert env["headers"]["id"] == h.id and env["headers"]["eta"] is None
-    full = store.records(0, [h.id])[h.id]  # what a database row keeps: a full record
+    full = store.lookup.records(0, [h.id])[h.id]  # what a database row keeps: a full record
     assert json.loads(full["msg"])["headers"]["argsrepr"] == "(1,)" and full["task"] == TASK
     assert not {"a", "b", "e"} & full.keys()
 
@@ -103,42 +103,42 @@ def test_the_template_is_stored_once_per_shard_and_outlives_its_jobs(redis_url, 
     app = make_app(redis_url, uid, delayed_shards=2)
     store = get_store(app)
     hs = apply_later_many(app, TASK, [{"args": (i,), "when": 3600} for i in range(40)], strict=False)
-    tids = {store.client.hget(store.keys.shard(h.shard).job(h.id), Field.TEMPLATE) for h in hs}
+    tids = {store.redis.client.hget(store.keys.shard(h.shard).job(h.id), Field.TEMPLATE) for h in hs}
     assert len(tids) == 1
     (tid,) = tids
     for s in range(2):
-        ttl = store.client.pttl(store.keys.shard(s).template(tid))
+        ttl = store.redis.client.pttl(store.keys.shard(s).template(tid))
         # at least the latest due time plus the record ttl
         assert ttl >= 3600_000 + store.config.record_ttl_ms - 60_000, ttl
-    assert len(list(store.client.scan_iter(match=f"{store.keys.prefix}:*tpl:*"))) == 2
+    assert len(list(store.redis.client.scan_iter(match=f"{store.keys.prefix}:*tpl:*"))) == 2
     # a job rescheduled later pushes its template's life on
     far = apply_later(app, TASK, (9,), when=60, strict=False)
-    store.reschedule(far.id, str(store.now_ms() + 90 * 86_400_000))
-    ttl = store.client.pttl(store.keys.shard(far.shard).template(tid))
+    store.jobs.reschedule(far.id, str(store.redis.now_ms() + 90 * 86_400_000))
+    ttl = store.redis.client.pttl(store.keys.shard(far.shard).template(tid))
     assert ttl >= 90 * 86_400_000 + store.config.record_ttl_ms - 60_000
-    assert json.loads(store.message(far.id, far.shard) or "")["headers"]["delayed_eta"].startswith(
-        json.loads(store.client.hget(store.keys.shard(far.shard).job(far.id), "e"))[:10])
+    assert json.loads(store.lookup.message(far.id, far.shard) or "")["headers"]["delayed_eta"].startswith(
+        json.loads(store.redis.client.hget(store.keys.shard(far.shard).job(far.id), "e"))[:10])
 
 
 def test_a_steady_stream_of_calls_extends_the_template_once_not_every_call(redis_url, uid):
     app = make_app(redis_url, uid, delayed_shards=1)
     store = get_store(app)
     first = apply_later(app, TASK, (0,), when=3600, strict=False)
-    tk = store.keys.shard(0).template(store.client.hget(store.keys.shard(0).job(first.id), Field.TEMPLATE))
+    tk = store.keys.shard(0).template(store.redis.client.hget(store.keys.shard(0).job(first.id), Field.TEMPLATE))
     keep = 3600_000 + store.config.record_ttl_ms
 
     def pexpires() -> int:
-        return int(store.client.info("commandstats").get("cmdstat_pexpire", {}).get("calls", 0))
+        return int(store.redis.client.info("commandstats").get("cmdstat_pexpire", {}).get("calls", 0))
 
     before = pexpires()
     for i in range(50):
         apply_later(app, TASK, (i,), when=3600, strict=False)
     assert pexpires() - before == 0  # the first call's extension covers the next eighth of its TTL
-    assert keep - 60_000 <= store.client.pttl(tk) <= keep + keep // 8
+    assert keep - 60_000 <= store.redis.client.pttl(tk) <= keep + keep // 8
     # a job due later than the template's TTL extends it (at least to that job's due time plus the record ttl)
     far = apply_later(app, TASK, (9,), when=30 * 86_400, strict=False)
     assert pexpires() - before == 1
-    assert store.client.pttl(tk) >= 30 * 86_400_000 + store.config.record_ttl_ms - 60_000
+    assert store.redis.client.pttl(tk) >= 30 * 86_400_000 + store.config.record_ttl_ms - 60_000
     assert far.created
 
 
@@ -146,32 +146,32 @@ def test_a_template_the_server_lost_is_sent_again(redis_url, uid):
     app = make_app(redis_url, uid, delayed_shards=1)
     store = get_store(app)
     apply_later(app, TASK, (1,), when=60, strict=False)
-    (key,) = store.client.scan_iter(match=f"{store.keys.prefix}:*tpl:*")
-    store.client.delete(key)  # e.g. a Redis restart without persistence, or someone's DEL
+    (key,) = store.redis.client.scan_iter(match=f"{store.keys.prefix}:*tpl:*")
+    store.redis.client.delete(key)  # e.g. a Redis restart without persistence, or someone's DEL
     h = apply_later(app, TASK, (2,), when=0, strict=False)  # this process thinks the server has it
-    assert store.client.exists(key)
-    assert store.release_due(0).ids == [h.id]
+    assert store.redis.client.exists(key)
+    assert store.release.release_due(0).ids == [h.id]
 
 
 def test_a_job_whose_template_is_gone_is_dead_lettered_not_lost(redis_url, uid):
     app = make_app(redis_url, uid, delayed_shards=1)
     store = get_store(app)
     h = apply_later(app, TASK, (1,), when=0, strict=False)
-    (key,) = store.client.scan_iter(match=f"{store.keys.prefix}:*tpl:*")
-    store.client.delete(key)
-    batch = store.release_due(0)
+    (key,) = store.redis.client.scan_iter(match=f"{store.keys.prefix}:*tpl:*")
+    store.redis.client.delete(key)
+    batch = store.release.release_due(0)
     assert batch.ids == [] and [(i, st) for i, st, _ in batch.not_sent] == [(h.id, "DEAD")]
-    rec = store.get(h.id)
+    rec = store.lookup.get(h.id)
     assert rec["st"] == "DEAD" and "template" in rec["reason"]
-    assert store.client.zscore(store.keys.shard(0).dlq, h.id) is not None
+    assert store.redis.client.zscore(store.keys.shard(0).dlq, h.id) is not None
 
 
 def test_released_ahead_of_its_due_time_a_compact_job_carries_celerys_eta(redis_url, uid):
     app = make_app(redis_url, uid, delayed_shards=1)
     store = get_store(app)
     h = apply_later(app, TASK, (1,), when=1.0, strict=False)
-    assert store.release_due(0, lookahead_ms=5000).ids == [h.id]
-    env = json.loads(store.client.lrange(app.conf.task_default_queue, 0, 0)[0])
+    assert store.release.release_due(0, lookahead_ms=5000).ids == [h.id]
+    env = json.loads(store.redis.client.lrange(app.conf.task_default_queue, 0, 0)[0])
     # Celery's eta: the due time by the Redis clock (the worker holds it until then)
     assert datetime.fromisoformat(env["headers"]["eta"]).timestamp() * 1000 == h.due_ms
     assert env["headers"]["delayed_eta"] is not None
@@ -181,22 +181,22 @@ def test_a_misfired_dead_letter_keeps_its_message_and_can_be_requeued(redis_url,
     app = make_app(redis_url, uid, delayed_shards=1)
     store = get_store(app)
     h = apply_later(app, TASK, (1,), when=0, strict=False, misfire="dead", max_lateness=5)
-    batch = store.release_due(0, now_ms=store.now_ms() + 60_000)
+    batch = store.release.release_due(0, now_ms=store.redis.now_ms() + 60_000)
     assert [st for _, st, _ in batch.not_sent] == ["DEAD"]
-    raw = store.client.hgetall(store.keys.shard(0).job(h.id))
+    raw = store.redis.client.hgetall(store.keys.shard(0).job(h.id))
     assert json.loads(raw["msg"])["headers"]["id"] == h.id and "b" not in raw  # rendered into `msg`
-    _, outcomes = store.requeue(0, [h.id], "+0")
+    _, outcomes = store.dead_letters.requeue(0, [h.id], "+0")
     assert outcomes[0].ok
-    assert store.release_due(0).ids == [h.id]
+    assert store.release.release_due(0).ids == [h.id]
 
 
 def test_a_started_job_drops_its_message(redis_url, uid):
     app = make_app(redis_url, uid, delayed_shards=1)
     store = get_store(app)
     h = apply_later(app, TASK, (1,), when=0, strict=False)
-    store.release_due(0)
-    assert store.start(h.id, 0, "w|1|t|n").run
-    raw = store.client.hgetall(store.keys.shard(0).job(h.id))
+    store.release.release_due(0)
+    assert store.executions.start(h.id, 0, "w|1|t|n").run
+    raw = store.redis.client.hgetall(store.keys.shard(0).job(h.id))
     assert not set(compact.FIELDS[1:]) & raw.keys() and "msg" not in raw and "tg" not in raw
     assert raw[Field.TASK] == TASK  # still named (the template may expire before the record)
 
@@ -207,23 +207,23 @@ def test_a_delays_eta_is_rendered_from_the_due_time_and_an_explicit_one_is_kept(
     app = make_app(redis_url, uid, delayed_shards=1)
     store = get_store(app)
     h = apply_later(app, TASK, (1,), when=60, strict=False)
-    raw = store.client.hgetall(store.keys.shard(0).job(h.id))
+    raw = store.redis.client.hgetall(store.keys.shard(0).job(h.id))
     assert "e" not in raw and raw[Field.TEMPLATE].isdigit()  # the template id: an integer in the listpack
-    eta = json.loads(store.message(h.id, 0) or "")["headers"]["delayed_eta"]
+    eta = json.loads(store.lookup.message(h.id, 0) or "")["headers"]["delayed_eta"]
     assert eta == compact.iso_utc(h.due_ms) and datetime.fromisoformat(eta).timestamp() * 1000 == h.due_ms
     at = datetime(2031, 5, 6, 7, 8, 9, 123456, tzinfo=timezone(timedelta(hours=2)))
     g = apply_later(app, TASK, (2,), when=at, strict=False)
-    assert json.loads(store.client.hget(store.keys.shard(0).job(g.id), "e")) == at.isoformat()
+    assert json.loads(store.redis.client.hget(store.keys.shard(0).job(g.id), "e")) == at.isoformat()
     berlin = make_app(redis_url, uid + "b", delayed_shards=1, timezone="Europe/Berlin")
     b = apply_later(berlin, TASK, (3,), when=60, strict=False)
     bstore = get_store(berlin)
-    assert json.loads(bstore.client.hget(bstore.keys.shard(0).job(b.id), "e")).endswith(("+01:00", "+02:00"))
+    assert json.loads(bstore.redis.client.hget(bstore.keys.shard(0).job(b.id), "e")).endswith(("+01:00", "+02:00"))
     # the Lua rendering at release agrees with the Python twin, early (Celery's eta) or not
-    before = store.client.hgetall(store.keys.shard(0).job(h.id))
-    assert store.release_due(0, lookahead_ms=120_000).ids == [h.id]  # (g is due in 2031)
+    before = store.redis.client.hgetall(store.keys.shard(0).job(h.id))
+    assert store.release.release_due(0, lookahead_ms=120_000).ids == [h.id]  # (g is due in 2031)
     pushed = _pushed(store, app.conf.task_default_queue)
-    tag = store.client.hget(store.keys.shard(0).job(h.id), Field.TAG)
-    t = store.template(0, before[Field.TEMPLATE])
+    tag = store.redis.client.hget(store.keys.shard(0).job(h.id), Field.TAG)
+    t = store.lookup.template(0, before[Field.TEMPLATE])
     assert t is not None and t.version == 2
     assert pushed[h.id] == compact.render(t, h.id, 0, before, tag, '"' + compact.iso_utc(h.due_ms) + '"')
     assert json.loads(pushed[h.id])["headers"]["delayed_eta"] == json.loads(pushed[h.id])["headers"]["eta"] == eta
@@ -235,15 +235,15 @@ def test_a_version_1_record_without_an_eta_keeps_a_null_header(redis_url, uid):
     store = get_store(app)
     h = apply_later(app, TASK, (1,), when=0, strict=False)
     sk = store.keys.shard(0)
-    raw = store.client.hgetall(sk.job(h.id))
-    t = store.template(0, raw[Field.TEMPLATE])
+    raw = store.redis.client.hgetall(sk.job(h.id))
+    t = store.lookup.template(0, raw[Field.TEMPLATE])
     assert t is not None
     old = compact.Template(t.parts, t.order, t.tail64, t.route, version=1)
     assert '"v":1' in old.text and old.tid != t.tid
-    store.client.set(sk.template(old.tid), old.text)
-    store.client.hset(sk.job(h.id), Field.TEMPLATE, old.tid)
-    assert json.loads(store.message(h.id, 0) or "")["headers"]["delayed_eta"] is None
-    assert store.release_due(0).ids == [h.id]
+    store.redis.client.set(sk.template(old.tid), old.text)
+    store.redis.client.hset(sk.job(h.id), Field.TEMPLATE, old.tid)
+    assert json.loads(store.lookup.message(h.id, 0) or "")["headers"]["delayed_eta"] is None
+    assert store.release.release_due(0).ids == [h.id]
     pushed = _pushed(store, app.conf.task_default_queue)[h.id]
     assert json.loads(pushed)["headers"]["delayed_eta"] is None
 
@@ -265,8 +265,8 @@ def test_a_call_inside_a_task_gets_its_root_and_parent_ids_each_time(redis_url, 
         return [apply_later(app, TASK, (i,), when=60, strict=False).id for i in range(2)]
 
     def ids(job_id):
-        rec = store.get(job_id)
-        headers = json.loads(store.message(job_id, int(rec["shard"])) or "")["headers"]
+        rec = store.lookup.get(job_id)
+        headers = json.loads(store.lookup.message(job_id, int(rec["shard"])) or "")["headers"]
         return headers["root_id"], headers["parent_id"]
 
     before = apply_later(app, TASK, (0,), when=60, strict=False).id
@@ -290,8 +290,9 @@ def test_a_changed_task_default_reaches_the_next_call(redis_url, uid):
     second = apply_later(app, "compact.routed", (2,), when=60).id
 
     def queue_of(job_id):
-        rec = store.get(job_id)
-        return json.loads(store.message(job_id, int(rec["shard"])) or "")["properties"]["delivery_info"]["routing_key"]
+        rec = store.lookup.get(job_id)
+        msg = json.loads(store.lookup.message(job_id, int(rec["shard"])) or "")
+        return msg["properties"]["delivery_info"]["routing_key"]
 
     assert queue_of(first) == app.conf.task_default_queue
     assert queue_of(second) == f"other{uid}"

@@ -17,10 +17,10 @@ from celery_delayed.vocab import Reply
 def _dead(store: Any, job_id: str, now_ms: int, shard: int = 0, **fields: str) -> tuple[int, str, int]:
     """Run dead.lua for a QUEUED job; return (code, previous state, letters trimmed)."""
     jk = store.keys.shard(shard).job(job_id)
-    store.client.hset(jk, mapping={"st": "QUEUED"})
+    store.redis.client.hset(jk, mapping={"st": "QUEUED"})
     base = {"task": "t.x", "msg": "M", "etype": "app.Boom", "emsg": "boom", "tb": "Traceback ...",
             "attempts": "3", "host": "w1"}
-    out = store.dead(job_id, shard, base | fields, now_ms=now_ms)
+    out = store.executions.dead(job_id, shard, base | fields, now_ms=now_ms)
     return out.code, out.state, out.dropped
 
 
@@ -31,19 +31,19 @@ def test_dead_letters_are_bounded_by_age_and_count(redis_url, uid):
     for i in range(5):
         assert _dead(store, f"j{i}", 1_000_000 + i * 20_000)[0] == 1  # one death every 20 s
     # count: the 3 most recent stay, the records of the others are gone
-    assert store.client.zrange(sk.dlq, 0, -1) == ["j2", "j3", "j4"]
-    assert not store.client.exists(sk.job("j0")) and not store.client.exists(sk.job("j1"))
+    assert store.redis.client.zrange(sk.dlq, 0, -1) == ["j2", "j3", "j4"]
+    assert not store.redis.client.exists(sk.job("j0")) and not store.redis.client.exists(sk.job("j1"))
     # age: a death at +105 s drops what died more than 60 s before it (j2, at +40 s)
     assert _dead(store, "late", 1_000_000 + 105_000)[2] == 1
-    assert store.client.zrange(sk.dlq, 0, -1) == ["j3", "j4", "late"]
-    rec = store.get("late")
-    assert rec["st"] == "DEAD" and rec["died"] == str(1_105_000) and store.client.pttl(sk.job("late")) == -1
+    assert store.redis.client.zrange(sk.dlq, 0, -1) == ["j3", "j4", "late"]
+    rec = store.lookup.get("late")
+    assert rec["st"] == "DEAD" and rec["died"] == str(1_105_000) and store.redis.client.pttl(sk.job("late")) == -1
 
 
 def test_dead_refuses_a_job_with_a_pending_retry(app):
     store = get_store(app)
     h = apply_later(app, "x.task", when=60, strict=False)
-    out = store.dead(h.id, h.shard, {"etype": "E"})
+    out = store.executions.dead(h.id, h.shard, {"etype": "E"})
     assert (out.code, out.state) == (Reply.WRONG_STATE, "SCHEDULED")
 
 
@@ -51,7 +51,7 @@ def test_dead_refuses_a_job_with_a_pending_retry(app):
 def test_list_show_requeue_purge(redis_url, uid, bucket_ms):
     app = make_app(redis_url, uid, delayed_shards=4, delayed_bucket_ms=bucket_ms)
     store = get_store(app)
-    now = store.now_ms()
+    now = store.redis.now_ms()
     ids = [f"d{i}" for i in range(6)]
     for i, jid in enumerate(ids):
         _dead(store, jid, now - 10_000 + i, shard=i % 4, task="t.a" if i % 2 else "t.b")
@@ -67,7 +67,7 @@ def test_list_show_requeue_purge(redis_url, uid, bucket_ms):
         dlq.show(app, "nope")
     # requeue one: SCHEDULED again, attempt counter reset, out of the DLQ
     due = dlq.requeue(app, "d2", when=30)
-    rec = store.get("d2")
+    rec = store.lookup.get("d2")
     assert rec["st"] == "SCHEDULED" and rec["retries"] == "0" and rec["requeued"] == "1"
     assert "etype" not in rec and "attempts" not in rec and int(rec["due"]) == due
     assert [(p["id"], int(p["due"])) for p in Pending(store).page()] == [("d2", due)]
@@ -79,8 +79,8 @@ def test_list_show_requeue_purge(redis_url, uid, bucket_ms):
     # purge by age: nothing died more than 20 s ago; everything died more than 5 s ago
     assert dlq.purge(app, older_than=20) == 0
     assert dlq.purge(app, older_than=5) == 2
-    assert dlq.count(app) == 0 and not store.client.exists(store.keys.shard(0).job("d0"))
-    assert store.get("d1")["st"] == "SCHEDULED"  # requeued letters are not purged
+    assert dlq.count(app) == 0 and not store.redis.client.exists(store.keys.shard(0).job("d0"))
+    assert store.lookup.get("d1")["st"] == "SCHEDULED"  # requeued letters are not purged
 
 
 def _cli(redis_url: str, prefix: str, queue: str, *args: str) -> subprocess.CompletedProcess[str]:

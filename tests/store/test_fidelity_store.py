@@ -22,7 +22,7 @@ from celery_delayed.timeutil import from_ms
 
 
 def _headers(store: Any, job_id: str, shard: int) -> dict[str, Any]:
-    return json.loads(store.message(job_id, shard) or "")["headers"]  # type: ignore[no-any-return]
+    return json.loads(store.lookup.message(job_id, shard) or "")["headers"]  # type: ignore[no-any-return]
 
 
 def test_the_eta_header_is_the_due_time_as_celery_writes_it(redis_url, uid):
@@ -49,11 +49,11 @@ def test_reschedule_rewrites_the_eta_header(redis_url, uid, due_ms):
     app = make_app(redis_url, uid, delayed_shards=2)
     store = get_store(app)
     h = apply_later(app, "x.task", when=3600, strict=False)
-    assert store.reschedule(h.id, str(due_ms)) == due_ms
+    assert store.jobs.reschedule(h.id, str(due_ms)) == due_ms
     got = _headers(store, h.id, h.shard)["delayed_eta"]
     assert datetime.fromisoformat(got) == datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(milliseconds=due_ms)
     assert got.endswith("000+00:00")
-    env = json.loads(store.message(h.id, h.shard) or "")
+    env = json.loads(store.lookup.message(h.id, h.shard) or "")
     assert env["headers"]["id"] == h.id  # the rest of the envelope is intact
 
 
@@ -62,8 +62,8 @@ def test_requeue_gives_a_dead_letter_its_new_eta(redis_url, uid):
     store = get_store(app)
     sk = store.keys.shard(0)
     msg = json.dumps({"headers": {"id": "d1", "delayed_eta": None, "x": 1}, "properties": {}})
-    store.client.hset(sk.job("d1"), mapping={"st": "QUEUED", "msg": "x"})
-    assert store.dead("d1", 0, {"task": "t.x", "msg": msg}).ok
+    store.redis.client.hset(sk.job("d1"), mapping={"st": "QUEUED", "msg": "x"})
+    assert store.executions.dead("d1", 0, {"task": "t.x", "msg": msg}).ok
     due = dlq.requeue(app, "d1", when=30)
     headers = _headers(store, "d1", 0)
     assert datetime.fromisoformat(headers["delayed_eta"]) == from_ms(due) and headers["x"] == 1
@@ -74,10 +74,10 @@ def test_fallbacks_are_counted_per_shard_and_summed(redis_url, uid):
     store = get_store(app)
     status = ShardStatus(store)
     assert status.eta_fallbacks().count == 0 and status.eta_fallbacks().last_ms is None
-    assert store.note_fallback(1, "t.a", "PayloadTooLarge: big", now_ms=1_000) == 1
-    assert store.note_fallback(1, "t.b", "why | not", now_ms=3_000) == 2
-    assert store.note_fallback(3, "t.c", "positional\narguments", now_ms=2_000) == 1
+    assert store.jobs.note_fallback(1, "t.a", "PayloadTooLarge: big", now_ms=1_000) == 1
+    assert store.jobs.note_fallback(1, "t.b", "why | not", now_ms=3_000) == 2
+    assert store.jobs.note_fallback(3, "t.c", "positional\narguments", now_ms=2_000) == 1
     got = status.eta_fallbacks()
     assert (got.count, got.last_ms, got.last_task, got.last_reason) == (3, 3_000, "t.b", "why | not")
     assert got.as_dict()["count"] == 3
-    assert store.client.hgetall(store.keys.shard(3).stats)["eta_fallback_last"] == "2000|t.c|positional arguments"
+    assert store.redis.client.hgetall(store.keys.shard(3).stats)["eta_fallback_last"] == "2000|t.c|positional arguments"

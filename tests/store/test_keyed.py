@@ -42,8 +42,8 @@ def tapp(redis_url: str, uid: str) -> Celery:
 def body(app: Celery, job_id: str) -> tuple[list[Any], dict[str, Any], dict[str, Any]]:
     """(args, kwargs, headers) of a stored job's message, rendered as the release script sends it."""
     store = get_store(app)
-    shard = store.locate(job_id)
-    raw = store.message(job_id, shard)
+    shard = store.lookup.locate(job_id)
+    raw = store.lookup.message(job_id, shard)
     assert raw is not None
     env = json.loads(raw)
     args, kwargs, _ = json.loads(base64.b64decode(env["body"]))
@@ -53,14 +53,15 @@ def body(app: Celery, job_id: str) -> tuple[list[Any], dict[str, Any], dict[str,
 def raw(app: Celery, job_id: str) -> dict[str, str]:
     """The job's record as stored."""
     store = get_store(app)
-    return {str(k): str(v) for k, v in store.client.hgetall(store.keys.shard(store.locate(job_id)).job(job_id)).items()}
+    key = store.keys.shard(store.lookup.locate(job_id)).job(job_id)
+    return {str(k): str(v) for k, v in store.redis.client.hgetall(key).items()}
 
 
 def pending_ids(app: Celery) -> list[str]:
     store = get_store(app)
     out = []
     for s in range(store.config.shards):
-        for page in store.scheduled_pages(s):
+        for page in store.lookup.scheduled_pages(s):
             out += page
     return out
 
@@ -73,7 +74,7 @@ def test_debounce_replaces_arguments_and_pushes_due_back(tapp: Celery) -> None:
     assert second.due_ms >= first.due_ms + 29_000
     assert body(tapp, first.id)[:2] == ([2], {"note": "x"})
     assert pending_ids(tapp) == [first.id]
-    rec = get_store(tapp).get(first.id)
+    rec = get_store(tapp).lookup.get(first.id)
     assert int(rec["due"]) == second.due_ms and rec["st"] == "SCHEDULED"
     # the message's delayed_eta header follows the due time
     eta = body(tapp, first.id)[2]["delayed_eta"]
@@ -82,17 +83,17 @@ def test_debounce_replaces_arguments_and_pushes_due_back(tapp: Celery) -> None:
 
 def test_debounce_never_beyond_max_wait(tapp: Celery) -> None:
     first = apply_later(tapp, NAME, (1,), when=2, debounce_key="k", max_wait=5)
-    created = int(get_store(tapp).get(first.id)["created"])
+    created = int(get_store(tapp).lookup.get(first.id)["created"])
     later = apply_later(tapp, NAME, (2,), when=3600, debounce_key="k", max_wait=5)
     assert later.id == first.id and not later.created
     assert later.due_ms == created + 5000
-    assert int(get_store(tapp).get(first.id)["created"]) == created  # the first call's time is kept
+    assert int(get_store(tapp).lookup.get(first.id)["created"]) == created  # the first call's time is kept
 
 
 def test_debounce_after_release_or_cancel_creates_a_new_job(tapp: Celery) -> None:
     store = get_store(tapp)
     first = apply_later(tapp, NAME, (1,), when=0, debounce_key="k")
-    batch = store.release_due(store.locate(first.id), now_ms=store.now_ms() + 1000)
+    batch = store.release.release_due(store.lookup.locate(first.id), now_ms=store.redis.now_ms() + 1000)
     assert first.id in batch.ids
     second = apply_later(tapp, NAME, (2,), when=60, debounce_key="k")
     assert second.created and second.id != first.id
@@ -120,7 +121,7 @@ def test_debounce_between_compact_and_full_records(redis_url: str, uid: str) -> 
     assert c.id == a.id and body(app, a.id)[0] == ["small again"]
     rec = raw(app, a.id)
     assert "tp" in rec and "msg" not in rec
-    assert store.route_of(store.locate(a.id), rec.get("task"), rec.get("q"), rec.get("tp"))[1] \
+    assert store.lookup.route_of(store.lookup.locate(a.id), rec.get("task"), rec.get("q"), rec.get("tp"))[1] \
         == f"other{uid}"
 
 
@@ -130,7 +131,7 @@ def test_debounce_from_many_threads(tapp: Celery) -> None:
     errors: list[BaseException] = []
     lock = threading.Lock()
     start = threading.Barrier(threads)
-    t0 = get_store(tapp).now_ms()
+    t0 = get_store(tapp).redis.now_ms()
 
     def run(t: int) -> None:
         try:
@@ -155,7 +156,7 @@ def test_debounce_from_many_threads(tapp: Celery) -> None:
     assert not last.created and last.id == results[0].id
     assert pending_ids(tapp) == [last.id]
     assert body(tapp, last.id)[0] == ["last", -1]
-    created = int(get_store(tapp).get(last.id)["created"])
+    created = int(get_store(tapp).lookup.get(last.id)["created"])
     assert t0 <= created and last.due_ms == created + 10_000  # 30 s asked, capped by max_wait
 
 
@@ -249,7 +250,7 @@ def test_debounce_racing_the_release(tapp: Celery, rclient: Any) -> None:
     results: list[tuple[str, bool, tuple[int, int]]] = []
     lock = threading.Lock()
     stop = threading.Event()
-    shard = store.shard_of("", "race")  # the key decides the shard
+    shard = store.layout.shard_of("", "race")  # the key decides the shard
 
     def call(t: int) -> None:
         for i in range(40):
@@ -259,7 +260,7 @@ def test_debounce_racing_the_release(tapp: Celery, rclient: Any) -> None:
 
     def release() -> None:
         while not stop.is_set():
-            store.release_due(shard, now_ms=store.now_ms() + 60_000)
+            store.release.release_due(shard, now_ms=store.redis.now_ms() + 60_000)
 
     releaser = threading.Thread(target=release)
     releaser.start()
@@ -270,7 +271,7 @@ def test_debounce_racing_the_release(tapp: Celery, rclient: Any) -> None:
         c.join(60)
     stop.set()
     releaser.join(60)
-    store.release_due(shard, now_ms=store.now_ms() + 60_000)
+    store.release.release_due(shard, now_ms=store.redis.now_ms() + 60_000)
     queued = queued_bodies(tapp, rclient)
     ids = {jid for jid, _, _ in results}
     assert len(results) == 240
@@ -285,12 +286,12 @@ def test_debounce_racing_the_release(tapp: Celery, rclient: Any) -> None:
 def test_debounce_a_job_held_by_a_pause_and_the_pending_index(tapp: Celery) -> None:
     store = get_store(tapp)
     a = apply_later(tapp, NAME, (1,), when=0, debounce_key="p")
-    shard = store.locate(a.id)
-    store.pause(["all"])
-    assert store.release_due(shard, now_ms=store.now_ms() + 1000).count == 0  # held back
+    shard = store.lookup.locate(a.id)
+    store.jobs.pause(["all"])
+    assert store.release.release_due(shard, now_ms=store.redis.now_ms() + 1000).count == 0  # held back
     b = apply_later(tapp, NAME, (2,), when=0, debounce_key="p", queue="elsewhere")
     assert b.id == a.id and not b.created
     assert [row["queue"] for row in Pending(store).page(NAME)] == ["elsewhere"]  # one entry, moved
-    store.resume()
-    batch = store.release_due(shard, now_ms=store.now_ms() + 1000)
-    assert batch.ids == [a.id] and get_store(tapp).get(a.id)["st"] == "QUEUED"
+    store.jobs.resume()
+    batch = store.release.release_due(shard, now_ms=store.redis.now_ms() + 1000)
+    assert batch.ids == [a.id] and get_store(tapp).lookup.get(a.id)["st"] == "QUEUED"

@@ -14,12 +14,12 @@ from celery_delayed.store import ShardStatus
 
 def _release(app: Celery, now_ms: int | None = None) -> list[str]:
     store = get_store(app)
-    return [jid for s in range(store.config.shards) for jid in store.release_due(s, now_ms=now_ms).ids]
+    return [jid for s in range(store.config.shards) for jid in store.release.release_due(s, now_ms=now_ms).ids]
 
 
 def _claim(app: Celery, now_ms: int | None = None) -> list[str]:
     store = get_store(app)
-    return [jid for s in range(store.config.shards) for jid in store.claim_due(s, now_ms=now_ms).ids]
+    return [jid for s in range(store.config.shards) for jid in store.release.claim_due(s, now_ms=now_ms).ids]
 
 
 def _key(app: Celery, h) -> str:
@@ -57,13 +57,13 @@ def test_within_max_lateness_every_policy_sends(app):
     # both due, the earlier one 4,999 ms late: still within max_lateness (5 s)
     assert sorted(_release(app, now_ms=min(h.due_ms for h in hs) + 4_999)) == sorted(h.id for h in hs)
     assert {h.job_state for h in hs} == {"QUEUED"}
-    assert store.get(hs[0].id).get("ml") == "5000"
+    assert store.lookup.get(hs[0].id).get("ml") == "5000"
 
 
 @pytest.mark.parametrize("mode", ["direct", "publish"])
 def test_expired_job_is_not_sent(redis_url, uid, rclient, mode):
     app = make_app(redis_url, uid, delayed_release_mode=mode)
-    now = get_store(app).now_ms()
+    now = get_store(app).redis.now_ms()
     soon = apply_later(app, "e2e.mark", when=0, expires=2, strict=False)
     at = apply_later(app, "e2e.mark", when=0, strict=False,
                      expires=datetime.now(timezone.utc) + timedelta(seconds=2))

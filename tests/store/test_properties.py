@@ -117,8 +117,8 @@ def machine(redis_url: str, bucket_ms: int) -> type[RuleBasedStateMachine]:
                                 delayed_lease_ms=LEASE_MS, delayed_dlq_max_age_s=DLQ_MAX_AGE_MS // 1000,
                                 delayed_dlq_max_len=DLQ_MAX_LEN)
             self.store = Store(self.app)
-            assert self.store.direct
-            self.client: redis.Redis = self.store.client
+            assert self.store.broker.direct
+            self.client: redis.Redis = self.store.redis.client
             self.queue = self.app.conf.task_default_queue
             self.now = T0
             self.jobs: dict[str, Job] = {}
@@ -150,7 +150,7 @@ def machine(redis_url: str, bucket_ms: int) -> type[RuleBasedStateMachine]:
             return self.keyed.get(i) or SHARD_KEYS.get(i)
 
         def _shard_of(self, i: str) -> int:
-            return self.store.shard_of(i, self._shard_key(i))
+            return self.store.layout.shard_of(i, self._shard_key(i))
 
         def _message_fields(self, i: str) -> dict[str, str]:
             """The record fields of a message of job ``i`` (what the worker side stores for a retry)."""
@@ -256,7 +256,7 @@ def machine(redis_url: str, bucket_ms: int) -> type[RuleBasedStateMachine]:
                 opts.update(misfire=misfire, max_lateness=ml / 1000)
             p = prepare(self.app, TASK, (i,), {}, 0, task_id=i, shard_key=SHARD_KEYS.get(i), options=opts)
             spec, due = self._spec(delta, relative)
-            res = self.store.schedule([replace(p.job, due=spec)], now_ms=self.now)[0]
+            res = self.store.jobs.schedule([replace(p.job, due=spec)], now_ms=self.now)[0]
             if i in self.jobs:
                 assert not res.created and res.state == self.jobs[i].st
                 return
@@ -283,7 +283,7 @@ def machine(redis_url: str, bucket_ms: int) -> type[RuleBasedStateMachine]:
             new_id = f"{mode[0]}{len(self.keyed)}"
             p = prepare(self.app, TASK, (new_id,), {}, 0, task_id=new_id, shard_key=key)
             spec, due = self._spec(delta, relative)
-            res = self.store.schedule_keyed(replace(p.job, due=spec), mode, key, limit, now_ms=self.now)
+            res = self.store.jobs.schedule_keyed(replace(p.job, due=spec), mode, key, limit, now_ms=self.now)
             entry = self.entries.get((mode, key))
             held = self.jobs.get(entry[0]) if entry is not None else None
             if mode == "throttle" and entry is not None and self.now < entry[1] + (limit or 0):
@@ -315,14 +315,14 @@ def machine(redis_url: str, bucket_ms: int) -> type[RuleBasedStateMachine]:
             job = self.jobs.get(i)
             if job is None:
                 with pytest.raises(JobNotFound):
-                    self.store.cancel(i, now_ms=self.now, running=running)
+                    self.store.jobs.cancel(i, now_ms=self.now, running=running)
                 return
             if job.st not in LIVE and not (running and job.st == "RUNNING"):
                 with pytest.raises(InvalidState) as err:
-                    self.store.cancel(i, now_ms=self.now, running=running)
+                    self.store.jobs.cancel(i, now_ms=self.now, running=running)
                 assert err.value.state == job.st
                 return
-            assert self.store.cancel(i, now_ms=self.now, running=running) == job.st
+            assert self.store.jobs.cancel(i, now_ms=self.now, running=running) == job.st
             self.counts["cancelled"] += 1
             job.st, job.msg, job.ttl, job.lo, job.lu = "CANCELLED", False, True, None, None
             self.inflight[job.shard].pop(i, None)
@@ -334,22 +334,22 @@ def machine(redis_url: str, bucket_ms: int) -> type[RuleBasedStateMachine]:
             due = self.now + delta
             if job is None or job.st != "SCHEDULED":
                 with pytest.raises((JobNotFound, InvalidState)) as err:
-                    self.store.reschedule(i, str(due), now_ms=self.now)
+                    self.store.jobs.reschedule(i, str(due), now_ms=self.now)
                 assert isinstance(err.value, JobNotFound) == (job is None)
                 return
-            assert self.store.reschedule(i, str(due), now_ms=self.now) == due
+            assert self.store.jobs.reschedule(i, str(due), now_ms=self.now) == due
             job.due = due
 
         # -- the operators' controls ------------------------------------------------------------
 
         @rule()
         def pause_all(self) -> None:
-            self.store.pause(["all"], now_ms=self.now)
+            self.store.jobs.pause(["all"], now_ms=self.now)
             self.paused = True
 
         @rule()
         def resume_all(self) -> None:
-            assert self.store.resume(now_ms=self.now) == 0  # nothing held: only "all" is paused
+            assert self.store.jobs.resume(now_ms=self.now) == 0  # nothing held: only "all" is paused
             self.paused = False
 
         @rule(data=st.data())
@@ -358,10 +358,10 @@ def machine(redis_url: str, bucket_ms: int) -> type[RuleBasedStateMachine]:
             job = self.jobs.get(i)
             if job is None or job.st != "SCHEDULED":
                 with pytest.raises((JobNotFound, InvalidState)) as err:
-                    self.store.promote(i, now_ms=self.now)
+                    self.store.jobs.promote(i, now_ms=self.now)
                 assert isinstance(err.value, JobNotFound) == (job is None)
                 return
-            assert self.store.promote(i, now_ms=self.now) == self.now
+            assert self.store.jobs.promote(i, now_ms=self.now) == self.now
             assert job.due is not None
             if job.due > self.now:
                 job.due = self.now
@@ -387,7 +387,7 @@ def machine(redis_url: str, bucket_ms: int) -> type[RuleBasedStateMachine]:
 
         @rule(owner=st.sampled_from(SCHEDULERS), leave=st.booleans())
         def heartbeat(self, owner: str, leave: bool) -> None:
-            beat = self.store.heartbeat(owner, leave, now_ms=self.now)
+            beat = self.store.fleet.heartbeat(owner, leave, now_ms=self.now)
             joined = not leave and owner not in self.members  # the set is pruned only here
             if leave:
                 self.members.pop(owner, None)
@@ -403,7 +403,7 @@ def machine(redis_url: str, bucket_ms: int) -> type[RuleBasedStateMachine]:
             live = [m for m, d in self.members.items() if d > self.now]  # the set is not pruned here
             mine = {s for s, lease in self.leases.items() if lease[0] == owner}
             wanted = set() if give_all else share(live, owner, SHARDS)
-            held, waits = self.store.hold_shards(owner, wanted, mine - wanted, live=live)
+            held, waits = self.store.fleet.shard_lease(owner, wanted, mine - wanted, live=live)
             exp_held: dict[int, str] = {}
             exp_waits: dict[int, str] = {}
             for s in sorted(wanted | mine):
@@ -429,10 +429,10 @@ def machine(redis_url: str, bucket_ms: int) -> type[RuleBasedStateMachine]:
             owner, fence, allowed = self._caller(shard, who)
             if not allowed:
                 with pytest.raises(LeaseLost):
-                    self.store.release_due(shard, owner, fence, now_ms=self.now, limit=limit)
+                    self.store.release.release_due(shard, owner, fence, now_ms=self.now, limit=limit)
                 return
             if self.paused:  # nothing is released, and the caller is told there is nothing to wait for
-                batch = self.store.release_due(shard, owner, fence, now_ms=self.now, limit=limit)
+                batch = self.store.release.release_due(shard, owner, fence, now_ms=self.now, limit=limit)
                 assert (batch.count, batch.next_due_ms) == (0, None)
                 return
             due = [i for i, d in self._due_in(shard) if d <= self.now][:limit]
@@ -451,7 +451,7 @@ def machine(redis_url: str, bucket_ms: int) -> type[RuleBasedStateMachine]:
             self.counts["released"] += len(released)
             if dead:
                 self._dlq_trim(shard)
-            batch = self.store.release_due(shard, owner, fence, now_ms=self.now, limit=limit)
+            batch = self.store.release.release_due(shard, owner, fence, now_ms=self.now, limit=limit)
             assert batch.ids == released
             assert (batch.count, batch.skipped, batch.now_ms) == (len(released), skipped, self.now)
             left = [d for _, d in self._due_in(shard)]
@@ -462,10 +462,10 @@ def machine(redis_url: str, bucket_ms: int) -> type[RuleBasedStateMachine]:
             owner, fence, allowed = self._caller(shard, who)
             if not allowed:
                 with pytest.raises(LeaseLost):
-                    self.store.claim_due(shard, owner, fence, now_ms=self.now, limit=limit)
+                    self.store.release.claim_due(shard, owner, fence, now_ms=self.now, limit=limit)
                 return
             if self.paused:
-                assert self.store.claim_due(shard, owner, fence, now_ms=self.now, limit=limit).count == 0
+                assert self.store.release.claim_due(shard, owner, fence, now_ms=self.now, limit=limit).count == 0
                 return
             flight = self.inflight[shard]
             claimed: list[str] = []
@@ -501,7 +501,7 @@ def machine(redis_url: str, bucket_ms: int) -> type[RuleBasedStateMachine]:
                     emit(i)
             if dead:
                 self._dlq_trim(shard)
-            batch = self.store.claim_due(shard, owner, fence, now_ms=self.now, limit=limit)
+            batch = self.store.release.claim_due(shard, owner, fence, now_ms=self.now, limit=limit)
             assert batch.ids == claimed
             assert (batch.count, batch.skipped, batch.now_ms) == (len(claimed), skipped, self.now)
             for i, (msg, _ex, rk, q) in zip(batch.ids, batch.messages, strict=True):
@@ -535,7 +535,7 @@ def machine(redis_url: str, bucket_ms: int) -> type[RuleBasedStateMachine]:
                     if job.st == "CLAIMED":  # one a worker started meanwhile keeps its state
                         job.st, job.ttl = "QUEUED", True  # the message stays until the job starts
                         self.counts["released"] += 1
-            assert self.store.ack_claimed(shard, ids, now_ms=self.now) == expected
+            assert self.store.release.ack_claimed(shard, ids, now_ms=self.now) == expected
 
         # -- the worker side -----------------------------------------------------------------
 
@@ -547,7 +547,7 @@ def machine(redis_url: str, bucket_ms: int) -> type[RuleBasedStateMachine]:
             self._start(i, worker)
 
         def _start(self, i: str, worker: str) -> None:
-            res = self.store.start(i, self._shard_of(i), worker, "host", now_ms=self.now)
+            res = self.store.executions.start(i, self._shard_of(i), worker, "host", now_ms=self.now)
             got = (res.code, res.state, res.attempt, res.lease_until_ms)
             job = self.jobs.get(i)
             if job is None:
@@ -568,7 +568,7 @@ def machine(redis_url: str, bucket_ms: int) -> type[RuleBasedStateMachine]:
             worker = self._worker(data, i, WORKERS)
             job = self.jobs.get(i)
             ours = job is not None and job.st == "RUNNING" and job.lo == worker
-            assert self.store.extend_lease(i, self._shard_of(i), worker, now_ms=self.now) == ours
+            assert self.store.executions.extend_lease(i, self._shard_of(i), worker, now_ms=self.now) == ours
             if ours:
                 assert job is not None
                 job.lu = self.now + EXEC_LEASE_MS
@@ -577,7 +577,7 @@ def machine(redis_url: str, bucket_ms: int) -> type[RuleBasedStateMachine]:
         def finish(self, data: st.DataObject, outcome: str) -> None:
             i = self._pick(data, "RUNNING")
             worker = self._worker(data, i, WORKERS)
-            out = self.store.finish(i, self._shard_of(i), worker, outcome, now_ms=self.now)
+            out = self.store.executions.finish(i, self._shard_of(i), worker, outcome, now_ms=self.now)
             job = self.jobs.get(i)
             if job is None:
                 assert (out.code, out.state) == (Reply.NOT_FOUND, "")
@@ -618,7 +618,7 @@ def machine(redis_url: str, bucket_ms: int) -> type[RuleBasedStateMachine]:
             i = self._pick(data, *FAILABLE)
             owner = self._worker(data, i, ["", *WORKERS])
             spec, due = self._spec(delta, relative)
-            out = self.store.retry(i, self._shard_of(i), spec, retries, self._message_fields(i), owner=owner,
+            out = self.store.executions.retry(i, self._shard_of(i), spec, retries, self._message_fields(i), owner=owner,
                                    now_ms=self.now)
             job = self.jobs.get(i)
             if job is not None and job.st == "SCHEDULED":
@@ -636,7 +636,7 @@ def machine(redis_url: str, bucket_ms: int) -> type[RuleBasedStateMachine]:
         def fail(self, data: st.DataObject) -> None:
             i = self._pick(data, *FAILABLE)
             owner = self._worker(data, i, ["", *WORKERS])
-            out = self.store.fail(i, self._shard_of(i), {"etype": "app.Boom", "emsg": "boom"}, owner=owner,
+            out = self.store.executions.fail(i, self._shard_of(i), {"etype": "app.Boom", "emsg": "boom"}, owner=owner,
                                   now_ms=self.now)
             job = self.jobs.get(i)
             refused = self._refusal(job, owner)
@@ -665,7 +665,7 @@ def machine(redis_url: str, bucket_ms: int) -> type[RuleBasedStateMachine]:
                 before = dict(self.dlq[shard])
                 self._dlq_trim(shard)
                 dropped = len(before) - len(self.dlq[shard])
-            out = self.store.dead(i, shard, fields, owner=owner, now_ms=self.now)
+            out = self.store.executions.dead(i, shard, fields, owner=owner, now_ms=self.now)
             if refused is not None:
                 assert job is not None and (out.code, out.state, out.dropped) == (refused, job.st, 0)
                 return
@@ -692,7 +692,7 @@ def machine(redis_url: str, bucket_ms: int) -> type[RuleBasedStateMachine]:
                     del self.dlq[shard][i]
                     job.st, job.due, job.retries, job.att = "SCHEDULED", due, "0", 0
                     expected.append((Reply.OK, "DEAD"))
-            got_due, outcomes = self.store.requeue(shard, ids, spec, now_ms=self.now)
+            got_due, outcomes = self.store.dead_letters.requeue(shard, ids, spec, now_ms=self.now)
             assert got_due == due
             assert [(o.code, o.state) for o in outcomes] == expected
 
@@ -701,7 +701,7 @@ def machine(redis_url: str, bucket_ms: int) -> type[RuleBasedStateMachine]:
             n = len(self.dlq[shard])
             for i in list(self.dlq[shard]):
                 self._dlq_drop(shard, i)
-            assert self.store.purge_dead(shard) == n
+            assert self.store.dead_letters.purge_dead(shard) == n
 
         # -- the check -------------------------------------------------------------------
 

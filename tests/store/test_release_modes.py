@@ -58,8 +58,8 @@ def consume(broker_url: str, queue: str, n: int) -> list[str]:
 def test_store_on_a_unix_socket(unix_redis: UnixRedis, uid: str) -> None:
     app = make_app(unix_redis.tcp_url, uid, delayed_redis_url=unix_redis.unix_url)
     store = get_store(app)
-    assert store.client.connection_pool.connection_kwargs["path"] == unix_redis.sock
-    assert not store.direct, "auto cannot tell that a socket and a port are one server: it publishes"
+    assert store.redis.client.connection_pool.connection_kwargs["path"] == unix_redis.sock
+    assert not store.broker.direct, "auto cannot tell that a socket and a port are one server: it publishes"
     h = apply_later(app, "e2e.mark", args=(1,), when=0, strict=False)
     other = apply_later(app, "e2e.mark", args=(2,), when=3600, strict=False)
     assert sorted(r["id"] for r in Pending(store).page()) == sorted([h.id, other.id])
@@ -72,15 +72,15 @@ def test_store_on_a_unix_socket(unix_redis: UnixRedis, uid: str) -> None:
     assert h.job_state == "QUEUED" and other.job_state == "CANCELLED"
     assert consume(unix_redis.tcp_url, app.conf.task_default_queue, 1) == [h.id]
     # The store's commands really went over the socket.
-    assert any(c["addr"].startswith(unix_redis.sock) for c in store.client.client_list())
+    assert any(c["addr"].startswith(unix_redis.sock) for c in store.redis.client.client_list())
 
 
 def test_forced_direct_path_to_the_same_server_through_another_url(unix_redis: UnixRedis, uid: str) -> None:
     app = make_app(unix_redis.tcp_url, uid, delayed_redis_url=unix_redis.unix_url, delayed_release_mode="direct")
     store = get_store(app)
-    assert store.direct
+    assert store.broker.direct
     hs = [apply_later(app, "e2e.mark", args=(i,), when=0, strict=False) for i in range(3)]
-    released = [j for s in {h.shard for h in hs} for j in store.release_due(s).ids]
+    released = [j for s in {h.shard for h in hs} for j in store.release.release_due(s).ids]
     assert sorted(released) == sorted(h.id for h in hs)
     assert {h.job_state for h in hs} == {"QUEUED"}
     assert sorted(consume(unix_redis.tcp_url, app.conf.task_default_queue, 3)) == sorted(h.id for h in hs)
@@ -93,7 +93,7 @@ def test_forced_direct_path_with_the_broker_on_another_server_is_refused_or_deli
     queue = app.conf.task_default_queue
     try:
         h = apply_later(app, "e2e.mark", when=0, strict=False)
-        released = get_store(app).release_due(h.shard).ids
+        released = get_store(app).release.release_due(h.shard).ids
     except ConfigurationError:
         return  # refused: fine
     assert released == [h.id]

@@ -25,14 +25,14 @@ def test_revoke_in_store_cancels_what_had_not_started(redis_url, uid):
     app = make_app(redis_url, uid, delayed_shards=4)
     store = get_store(app)
     a, b, running = (apply_later(app, "x.task", when=60, strict=False) for _ in range(3))
-    store.client.hset(store.keys.shard(b.shard).job(b.id), "st", "QUEUED")
-    store.client.hset(store.keys.shard(running.shard).job(running.id), "st", "RUNNING")
+    store.redis.client.hset(store.keys.shard(b.shard).job(b.id), "st", "QUEUED")
+    store.redis.client.hset(store.keys.shard(running.shard).job(running.id), "st", "RUNNING")
     got = revoke_in_store(app, [a.id, b.id, running.id, "not-a-job", ""])
     assert got == {a.id: "SCHEDULED", b.id: "QUEUED"}  # a running job needs terminate
-    assert store.get(a.id)["st"] == store.get(b.id)["st"] == "CANCELLED"
-    assert store.get(running.id)["st"] == "RUNNING"
+    assert store.lookup.get(a.id)["st"] == store.lookup.get(b.id)["st"] == "CANCELLED"
+    assert store.lookup.get(running.id)["st"] == "RUNNING"
     assert revoke_in_store(app, running.id, terminate=True) == {running.id: "RUNNING"}
-    assert store.get(running.id)["st"] == "CANCELLED"
+    assert store.lookup.get(running.id)["st"] == "CANCELLED"
     assert revoke_in_store(app, a.id) == {}  # cancelled already: Celery's revoke alone
 
 
@@ -49,7 +49,7 @@ def test_install_makes_control_revoke_cancel_in_the_store(redis_url, uid):
         celery_delayed.install(a)  # idempotent
         h = apply_later(a, "x.task", when=60, strict=False)
         a.control.revoke(h.id)
-        assert get_store(a).get(h.id)["st"] == "CANCELLED"
+        assert get_store(a).lookup.get(h.id)["st"] == "CANCELLED"
     assert type(app.control).__name__ == "DurableControl"
     copy = pickle.loads(pickle.dumps(app))  # the class is named, so an installed app still pickles
     assert copy.control_cls == "celery_delayed.cancellation:DurableControl"
@@ -60,8 +60,8 @@ def test_locate_many_finds_jobs_in_any_shard_in_one_round_trip(redis_url, uid):
     store = get_store(app)
     a = apply_later(app, "x.task", when=60, strict=False)
     b = apply_later(app, "x.task", when=60, shard_key="elsewhere", strict=False)
-    assert store.locate_many([a.id, "nope", b.id]) == {a.id: a.shard, b.id: b.shard}
-    assert store.locate_many([]) == {}
+    assert store.lookup.locate_many([a.id, "nope", b.id]) == {a.id: a.shard, b.id: b.shard}
+    assert store.lookup.locate_many([]) == {}
 
 
 def test_the_scheduled_listing_is_bounded_and_in_celerys_format(redis_url, uid):

@@ -62,7 +62,7 @@ def _fill(app: Celery) -> dict[str, object]:
     cancel(app, gone.id)
     made["cancelled"] = gone.id
     dead = apply_later(app, "e2e.mark", when=0, max_lateness=1, misfire="dead", task_id="dead-1", strict=False)
-    store.release_due(dead.shard, now_ms=dead.due_ms + 60_000)
+    store.release.release_due(dead.shard, now_ms=dead.due_ms + 60_000)
     assert lookup(app, dead.id).job_state == "DEAD"
     made["dead"] = dead.id
     made["debounced"] = apply_later(app, "e2e.mark", args=(1,), when=3600, debounce_key="search-9",
@@ -115,7 +115,7 @@ def test_reshard_moves_every_kind_of_key_to_its_new_shard(redis_url, uid, rclien
     cancel(fresh, made["compact"][0])
     released: list[str] = []
     for shard in range(new):
-        batch = store.claim_due(shard, now_ms=store.now_ms() + 3700_000, limit=10_000)
+        batch = store.release.claim_due(shard, now_ms=store.redis.now_ms() + 3700_000, limit=10_000)
         released += batch.ids
         for msg, *_rest in batch.messages:
             assert json.loads(msg)["headers"][SHARD_HEADER] == shard
@@ -129,10 +129,10 @@ def test_a_producer_that_has_not_seen_the_reshard_is_sealed_out_and_places_anew(
     first = apply_later(old, "e2e.mark", when=3600, strict=False)
     resharder = Resharder(get_store(make_app(redis_url, uid)))
     assert resharder.begin(64) == 16  # switched and sealed; nothing moved yet
-    assert get_store(old).shards == 16
+    assert get_store(old).layout.shards == 16
 
     stale = [apply_later(old, "e2e.mark", args=(i,), when=3600, strict=False) for i in range(40)]
-    assert get_store(old).shards == 64  # the seal told it
+    assert get_store(old).layout.shards == 64  # the seal told it
     where = _job_keys(rclient, old.conf.delayed_key_prefix)
     for h in stale:
         assert where[h.id] == shard_for(h.id, 64) == h.shard
@@ -154,20 +154,20 @@ def test_a_released_job_moves_once_it_is_done(redis_url, uid, rclient):
     # a job whose home changes from 16 to 64 shards, released (QUEUED) before the reshard
     h = next(h for h in (apply_later(app, "e2e.mark", when=0, strict=False) for _ in range(50))
              if shard_for(h.id, 64) != h.shard)
-    store.release_due(h.shard, now_ms=h.due_ms + 1)
+    store.release.release_due(h.shard, now_ms=h.due_ms + 1)
     for s in range(16):
-        store.release_due(s, now_ms=h.due_ms + 1)
+        store.release.release_due(s, now_ms=h.due_ms + 1)
     report = Resharder(store).run(64, wait_s=0)
     assert not report.finished and report.left_running >= 1
     assert rclient.hget(f"{app.conf.delayed_key_prefix}:layout", "from") == "16"
     # the worker side still finds it by its message's shard header
-    started = store.start(h.id, h.shard, "w|1|tag|n")
+    started = store.executions.start(h.id, h.shard, "w|1|tag|n")
     assert started.run
-    store.finish(h.id, h.shard, "w|1|tag|n", "SUCCEEDED")
+    store.executions.finish(h.id, h.shard, "w|1|tag|n", "SUCCEEDED")
     for s in range(64):  # and the others, released above
         for job_id in [str(x) for x in rclient.zrange(store.keys.shard(s).released, 0, -1)]:
-            store.start(job_id, s, f"w|1|{job_id}|n")
-            store.finish(job_id, s, f"w|1|{job_id}|n", "SUCCEEDED")
+            store.executions.start(job_id, s, f"w|1|{job_id}|n")
+            store.executions.finish(job_id, s, f"w|1|{job_id}|n", "SUCCEEDED")
     report = Resharder(store).run(64, wait_s=5)
     assert report.finished, report
     assert _job_keys(rclient, app.conf.delayed_key_prefix)[h.id] == shard_for(h.id, 64)
@@ -188,7 +188,7 @@ def test_reshard_refuses_bad_input_and_a_second_target(redis_url, uid):
     h = apply_later(app, "e2e.mark", when=0, task_id=next(f"x{i}" for i in range(1000)
                                                            if shard_for(f"x{i}", 32) != shard_for(f"x{i}", 16)),
                     strict=False)
-    get_store(app).release_due(h.shard, now_ms=h.due_ms + 1)
+    get_store(app).release.release_due(h.shard, now_ms=h.due_ms + 1)
     assert not Resharder(get_store(app)).run(32, wait_s=0).finished
     with pytest.raises(ConfigurationError, match="in progress"):
         Resharder(get_store(app)).run(8)
@@ -227,7 +227,7 @@ def test_a_debounce_key_called_during_the_reshard_still_replaces_its_job(redis_u
     # this app's store has not seen it: sealed out, it reads the layout, moves the key's entry and job, replaces
     again = apply_later(app, "e2e.mark", args=(2,), when=7200, debounce_key=key, strict=False)
     assert again.id == first.id and again.shard == shard_for(key, 64)
-    assert get_store(app).shards == 64
+    assert get_store(app).layout.shards == 64
     t2 = apply_later(app, "e2e.mark", when=3600, throttle_key=tkey, window=600, strict=False)
     assert t2.id == throttled.id and not t2.created
     where = _job_keys(rclient, app.conf.delayed_key_prefix)
@@ -243,7 +243,7 @@ def test_an_old_message_of_a_moved_job_is_not_run(redis_url, uid):
              if shard_for(h.id, 64) != h.shard)
     assert Resharder(get_store(app)).run(64, wait_s=5).finished
     # e.g. a redelivery of a message released before a retry put the job back: it names the old shard
-    started = get_store(make_app(redis_url, uid, delayed_shards=64)).start(h.id, h.shard, "w|1|t|n")
+    started = get_store(make_app(redis_url, uid, delayed_shards=64)).executions.start(h.id, h.shard, "w|1|t|n")
     assert not started.run and not started.untracked
     assert (started.state, started.why) == ("SCHEDULED", "moved")
     assert lookup(app, h.id).job_state == "SCHEDULED"

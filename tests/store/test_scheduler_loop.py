@@ -53,10 +53,10 @@ def test_a_wakeup_during_a_move_is_not_overwritten(redis_url, uid):
         assert sched._sleep_s() < 0.1
         time.sleep(0.06)
         assert sched.release_due() == 1
-        assert get_store(app).get(early.id)["st"] != "SCHEDULED"
-        assert get_store(app).get(far.id)["st"] == "SCHEDULED"
+        assert get_store(app).lookup.get(early.id)["st"] != "SCHEDULED"
+        assert get_store(app).lookup.get(far.id)["st"] == "SCHEDULED"
     finally:
-        sched.store.heartbeat(sched.owner, leave=True)
+        sched.store.fleet.heartbeat(sched.owner, leave=True)
         sched.mover.close()
 
 
@@ -103,9 +103,9 @@ def test_a_shard_is_visited_a_slice_before_the_lookahead_and_releases_the_whole_
         # b and c went at least 1.75 s ahead, less what the sleep above may overshoot on a
         # loaded machine (the timing itself is asserted on _sleep_s above)
         for h, least in ((a, 900), (b, 1500), (c, 1500)):
-            rec = store.get(h.id)
+            rec = store.lookup.get(h.id)
             ahead = int(rec["due"]) - int(rec["released"])
             assert least <= ahead <= 2000, (h.id, ahead)
     finally:
-        sched.store.heartbeat(sched.owner, leave=True)
+        sched.store.fleet.heartbeat(sched.owner, leave=True)
         sched.mover.close()

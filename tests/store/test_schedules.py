@@ -13,7 +13,7 @@ from celery_delayed import get_store
 from celery_delayed import schedules as api
 from celery_delayed.errors import InvalidOption, ScheduleNotFound
 from celery_delayed.scheduler.recurring import Recurrer
-from celery_delayed.schedules import definition, occurrence_id, plan, records
+from celery_delayed.schedules import definition, occurrence_id, plan
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -35,15 +35,15 @@ def release(app, now_ms):
     store = get_store(app)
     sent, skipped = [], []
     for s in range(store.config.shards):
-        b = store.release_due(s, now_ms=now_ms)
+        b = store.release.release_due(s, now_ms=now_ms)
         sent += b.ids
         skipped += [i for i, _, _ in b.not_sent]
     return sent, skipped
 
 
 def put(app, name, entry, now_ms=T0):
-    rec = records(app)
-    rec.put(name, definition(app, name, entry), "api", now_ms=now_ms)
+    rec = get_store(app).schedules
+    rec.put_schedule(name, definition(app, name, entry), "api", now_ms=now_ms)
     return rec.get(name)
 
 
@@ -52,34 +52,34 @@ def test_occurrences_are_stored_ahead_released_once_and_chained(app):
     r1, r2 = recurrer(app), recurrer(app)
     assert r1.tick(now_ms=T0) == 1  # the first fire past the horizon: T0 + 10 s
     assert r2.tick(now_ms=T0) == 0  # another scheduler changes nothing
-    occ = records(app).occurrences("tick")
+    occ = get_store(app).schedules.occurrences("tick")
     assert occ == [(occurrence_id(s, T0 + 10_000), T0 + 10_000)]
     ran = []
     for k in range(1, 6):
         now = T0 + k * 10_000
         r1.tick(now_ms=now - 2_000)  # within the horizon: the next one is stored before this one goes
         r2.tick(now_ms=now - 2_000)
-        assert records(app).occurrences("tick")[-1][1] == now + 10_000
+        assert get_store(app).schedules.occurrences("tick")[-1][1] == now + 10_000
         sent, skipped = release(app, now)
         assert skipped == []
         ran += sent
     assert ran == [occurrence_id(s, T0 + k * 10_000) for k in range(1, 6)]
-    assert records(app).get("tick").last_ms == T0 + 60_000
+    assert get_store(app).schedules.get("tick").last_ms == T0 + 60_000
 
 
 def test_two_recurrers_on_the_same_cursor_store_one_set_of_jobs(app):
     put(app, "dup", {"task": "e2e.mark", "schedule": 1})
     r1, r2 = recurrer(app), recurrer(app)
-    s = records(app).get("dup")
+    s = get_store(app).schedules.get("dup")
     f1, f2 = plan(s, T0, r1.horizon_ms, 1), plan(s, T0, r2.horizon_ms, 1)
     assert f1 == f2
     # both store (a lost race): the ids are derived, the second finds them; only one cursor move wins
     n1 = r1._advance(s, "", T0)
     n2 = r2._advance(s, "", T0)  # its cursor move fails; it cancels nothing (the same ids)
     assert n1 == len(f1[0]) and n2 == 0
-    assert {get_store(app).get(i)["st"] for i, _ in records(app).occurrences("dup")} == {"SCHEDULED"}
+    assert {get_store(app).lookup.get(i)["st"] for i, _ in get_store(app).schedules.occurrences("dup")} == {"SCHEDULED"}
     store = get_store(app)
-    assert sum(store.client.zcard(store.keys.shard(x).due) for x in range(4)) == len(f1[0])
+    assert sum(store.redis.client.zcard(store.keys.shard(x).due) for x in range(4)) == len(f1[0])
 
 
 def test_after_an_outage_the_latest_missed_occurrence_runs_once(app):
@@ -91,9 +91,9 @@ def test_after_an_outage_the_latest_missed_occurrence_runs_once(app):
     assert sent == [] and len(skipped) == 1  # the stored one missed the next fire time: skipped
     r.tick(now_ms=now)
     sent, skipped = release(app, now)
-    s = records(app).get("late")
+    s = get_store(app).schedules.get("late")
     assert sent == [occurrence_id(s, T0 + 100_000)]  # the latest, once
-    assert records(app).get("late").last_ms > now
+    assert get_store(app).schedules.get("late").last_ms > now
 
 
 def test_misfire_each_runs_every_missed_occurrence_capped(app):
@@ -104,7 +104,7 @@ def test_misfire_each_runs_every_missed_occurrence_capped(app):
     now = T0 + 10_000 + 95_000
     r.tick(now_ms=now)
     sent, skipped = release(app, now)
-    s = records(app).get("each")
+    s = get_store(app).schedules.get("each")
     # the one stored before the outage, then the latest five missed
     want = [T0 + 10_000] + [T0 + k * 10_000 for k in range(6, 11)]
     assert sorted(sent) == sorted(occurrence_id(s, f) for f in want) and skipped == []
@@ -124,34 +124,34 @@ def test_config_sync_change_and_removal_take_effect_and_runtime_changes_win(app)
     app.conf.delayed_schedule = {"cfg": {"task": "e2e.mark", "schedule": 60, "args": [1]}}
     r = recurrer(app)
     r.tick()
-    s1 = records(app).get("cfg")
+    s1 = get_store(app).schedules.get("cfg")
     assert s1.source == "config" and s1.definition["args"] == [1]
-    assert len(records(app).occurrences("cfg")) == 1
-    old_id = records(app).occurrences("cfg")[0][0]
+    assert len(get_store(app).schedules.occurrences("cfg")) == 1
+    old_id = get_store(app).schedules.occurrences("cfg")[0][0]
     # a run-time change wins over an unchanged config
     api.add(app, "cfg", "e2e.mark", 60, args=[2], strict=False)
     store = get_store(app)
-    assert store.get(old_id)["st"] == "CANCELLED"
+    assert store.lookup.get(old_id)["st"] == "CANCELLED"
     r.sync_config(full=True)
-    assert records(app).get("cfg").definition["args"] == [2]
+    assert get_store(app).schedules.get("cfg").definition["args"] == [2]
     # until the config entry itself changes
     app.conf.delayed_schedule = {"cfg": {"task": "e2e.mark", "schedule": 60, "args": [3]}}
     r._next_sync = 0.0
     r.tick()
-    s3 = records(app).get("cfg")
+    s3 = get_store(app).schedules.get("cfg")
     assert s3.definition["args"] == [3] and s3.version > s1.version and s3.source == "config"
     # removed from the config: removed, its pending occurrence cancelled
-    pending = [i for i, _ in records(app).occurrences("cfg")]
+    pending = [i for i, _ in get_store(app).schedules.occurrences("cfg")]
     app.conf.delayed_schedule = {}
     r._next_sync = 0.0
     r.tick()
-    assert records(app).get("cfg") is None
-    assert {store.get(i)["st"] for i in pending} == {"CANCELLED"}
+    assert get_store(app).schedules.get("cfg") is None
+    assert {store.lookup.get(i)["st"] for i in pending} == {"CANCELLED"}
     # one added at run time is not the config's to remove
     api.add(app, "mine", "e2e.mark", 60, strict=False)
     r._next_sync = 0.0
     r.tick()
-    assert records(app).get("mine") is not None
+    assert get_store(app).schedules.get("mine") is not None
 
 
 def test_api_list_get_pause_resume_remove_run_now(app):
@@ -164,13 +164,13 @@ def test_api_list_get_pause_resume_remove_run_now(app):
     assert a.schedule == "cron */5 * * * *" and a.timezone == "Europe/Berlin" and a.next_fire_ms is not None
     assert api.pause(app, "b") is True and api.pause(app, "b") is False
     store = get_store(app)
-    assert {store.get(i)["st"] for i, _ in api.get(app, "b").occurrences} <= {"CANCELLED"}
+    assert {store.lookup.get(i)["st"] for i, _ in api.get(app, "b").occurrences} <= {"CANCELLED"}
     assert recurrer(app).tick() == 0  # paused: nothing stored
     assert api.resume(app, "b") is True  # stores its next occurrence itself
-    assert [f > store.now_ms() for _, f in api.get(app, "b").occurrences] == [True]
+    assert [f > store.redis.now_ms() for _, f in api.get(app, "b").occurrences] == [True]
     assert recurrer(app).tick() == 0
     h = api.run_now(app, "b")
-    assert store.get(h.id)["st"] == "SCHEDULED" and h.shard == records(app).shard_of("b")
+    assert store.lookup.get(h.id)["st"] == "SCHEDULED" and h.shard == get_store(app).schedules.shard_of("b")
     assert api.remove(app, "b") == 1
     with pytest.raises(ScheduleNotFound):
         api.get(app, "b")
@@ -178,7 +178,7 @@ def test_api_list_get_pause_resume_remove_run_now(app):
         api.remove(app, "b")
     # added again: a new epoch, so its occurrences never meet the old ones' records
     again = api.add(app, "b", "e2e.mark", 30, args=["x"], strict=False)
-    assert [store.get(i)["st"] for i, _ in again.occurrences] == ["SCHEDULED"]
+    assert [store.lookup.get(i)["st"] for i, _ in again.occurrences] == ["SCHEDULED"]
 
 
 def test_bad_entries_are_refused_and_store_nothing(app):
@@ -212,30 +212,30 @@ def test_a_cron_occurrence_is_stored_at_the_dst_jump(app):
     put(app, "berlin", {"task": "e2e.mark", "schedule": crontab(minute=30, hour=2), "timezone": "Europe/Berlin"},
         now_ms=before)
     recurrer(app).tick(now_ms=before)
-    [(job_id, fire)] = records(app).occurrences("berlin")
+    [(job_id, fire)] = get_store(app).schedules.occurrences("berlin")
     assert fire == int(datetime(2026, 3, 29, 1, 0, tzinfo=timezone.utc).timestamp() * 1000)
-    assert int(float(get_store(app).get(job_id)["due"])) == fire
+    assert int(float(get_store(app).lookup.get(job_id)["due"])) == fire
 
 
 def test_skip_if_running_skips_an_occurrence_while_the_previous_one_has_not_finished(app):
     put(app, "slow", {"task": "e2e.mark", "schedule": 10, "skip_if_running": True})
     store = get_store(app)
     r = recurrer(app)
-    s = records(app).get("slow")
+    s = get_store(app).schedules.get("slow")
     first, second, third = (occurrence_id(s, T0 + k * 10_000) for k in (1, 2, 3))
     r.tick(now_ms=T0)
     assert release(app, T0 + 10_000)[0] == [first]
-    shard = records(app).shard_of("slow")
-    assert store.start(first, shard, "w1", now_ms=T0 + 10_010).code == 1  # running
+    shard = get_store(app).schedules.shard_of("slow")
+    assert store.executions.start(first, shard, "w1", now_ms=T0 + 10_010).code == 1  # running
     r.tick(now_ms=T0 + 19_500)  # the second is about to be released: the first still runs
-    assert store.get(second)["st"] == "CANCELLED"
+    assert store.lookup.get(second)["st"] == "CANCELLED"
     assert release(app, T0 + 20_000)[0] == []
     r.tick(now_ms=T0 + 29_500)  # the first still runs: the third is skipped too (not only the second's overlap)
-    assert store.get(third)["st"] == "CANCELLED"
-    store.finish(first, shard, "w1", "SUCCEEDED", now_ms=T0 + 35_000)
+    assert store.lookup.get(third)["st"] == "CANCELLED"
+    store.executions.finish(first, shard, "w1", "SUCCEEDED", now_ms=T0 + 35_000)
     fourth = occurrence_id(s, T0 + 40_000)
     r.tick(now_ms=T0 + 39_500)
-    assert store.get(fourth)["st"] == "SCHEDULED"  # nothing earlier runs any more
+    assert store.lookup.get(fourth)["st"] == "SCHEDULED"  # nothing earlier runs any more
     assert release(app, T0 + 40_000)[0] == [fourth]
 
 
@@ -262,7 +262,7 @@ def test_an_hourly_cron_through_a_dst_day_on_a_fake_clock(app, zone_name, day, h
         sent, skipped = release(app, now)
         assert skipped == []
         ran += sent
-    fires = dict(records(app).occurrences("hourly"))
+    fires = dict(get_store(app).schedules.occurrences("hourly"))
     walls = [datetime.fromtimestamp(fires[i] / 1000, tz).strftime("%H:%M") for i in ran]
     assert len(ran) == len(set(ran)) == hours, walls
     assert walls == sorted(set(walls)), walls  # every wall hour once, in order
@@ -278,7 +278,7 @@ def test_occurrences_are_rows_first_with_a_database(redis_url, uid, database_url
     try:
         put(dapp, "db", {"task": "e2e.mark", "schedule": 10})
         recurrer(dapp).tick(now_ms=T0)
-        [(job_id, fire)] = records(dapp).occurrences("db")
+        [(job_id, fire)] = get_store(dapp).schedules.occurrences("db")
         row = rows.get(job_id)
         assert row is not None and int(row.due_ms) == fire
     finally:
@@ -289,10 +289,10 @@ def test_names_are_data_never_code_and_keep_to_their_shard(app):
     for name in ["'; redis.call('FLUSHALL') --", "{0}:{1} %s %d", "a]]..[[b", "ünï 🚀"]:
         put(app, name, {"task": "e2e.mark", "schedule": 60})
         recurrer(app).tick(now_ms=T0)
-        s = records(app).get(name)
-        assert s is not None and s.name == name and s.shard == records(app).shard_of(name)
-        [(job_id, _)] = records(app).occurrences(name)
-        assert get_store(app).shard_of(job_id, name) == s.shard  # the occurrence is in the schedule's shard
+        s = get_store(app).schedules.get(name)
+        assert s is not None and s.name == name and s.shard == get_store(app).schedules.shard_of(name)
+        [(job_id, _)] = get_store(app).schedules.occurrences(name)
+        assert get_store(app).layout.shard_of(job_id, name) == s.shard  # the occurrence is in the schedule's shard
         assert api.remove(app, name) == 1
     for bad in ["", " ", "tab\there", "\u202e", "x" * 300]:
         with pytest.raises(InvalidOption):
@@ -308,10 +308,10 @@ def test_during_a_rolling_deploy_an_old_scheduler_never_undoes_the_new_config(re
                                          "added": {"task": "e2e.mark", "schedule": 60}})
     old = recurrer(old_app)
     old.tick()
-    assert records(old_app).get("a").definition["args"] == ["old"]
+    assert get_store(old_app).schedules.get("a").definition["args"] == ["old"]
     new = recurrer(new_app)  # started later
     new.tick()
-    rec = records(new_app)
+    rec = get_store(new_app).schedules
     assert rec.get("a").definition["args"] == ["new"] and rec.get("added") and rec.get("gone") is None
     old.sync_config(full=True)  # the old one syncs in full again: it writes nothing back
     assert rec.get("a").definition["args"] == ["new"] and rec.get("added") and rec.get("gone") is None
@@ -331,7 +331,7 @@ def test_a_scheduler_with_a_bad_entry_refuses_to_start_with_its_message(redis_ur
             sched.preflight()
     finally:
         sched.mover.close()
-        sched.store.close()
+        sched.store.redis.close()
 
 
 def test_the_testing_kit_runs_recurring_schedules_by_its_clock(redis_url):

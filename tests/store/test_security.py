@@ -46,7 +46,7 @@ def _released(app) -> list[str]:  # type: ignore[no-untyped-def]
     store = get_store(app)
     out: list[str] = []
     for s in range(store.config.shards):
-        out += store.release_due(s).ids
+        out += store.release.release_due(s).ids
     return out
 
 
@@ -158,8 +158,8 @@ def tls_server() -> Iterator[TLSRedis]:
 def test_store_works_over_tls(tls_server: TLSRedis, uid: str) -> None:
     app = make_app(tls_server.url(), uid)
     store = get_store(app)
-    assert store.client.connection_pool.connection_class is redis.SSLConnection
-    assert store.direct  # same rediss:// URL as the broker
+    assert store.redis.client.connection_pool.connection_class is redis.SSLConnection
+    assert store.broker.direct  # same rediss:// URL as the broker
     h = apply_later(app, TASK, args=("over tls",), when=0, strict=False)
     assert h.job()["st"] == "SCHEDULED"
     assert _released(app) == [h.id]
@@ -177,7 +177,7 @@ def test_tls_scheduler_and_worker(tls_server: TLSRedis, uid: str, workers: list)
     w = WorkerProcess(url, prefix, queue, concurrency=1, pool="solo")
     workers.append(w)
     ids = {apply_later(app, TASK, args=(i,), when=0.2, strict=False).id for i in range(3)}
-    client = get_store(app).client
+    client = get_store(app).redis.client
     wait_for(lambda: set(ran(client, prefix)) == ids, 45, what="3 jobs over TLS")
 
 
@@ -192,7 +192,7 @@ def test_tls_without_the_ca_is_refused(tls_server: TLSRedis, uid: str) -> None:
 
 def test_only_json_by_default(app) -> None:  # type: ignore[no-untyped-def]
     """accept_content is json-only by default: a pickle job could never run, so it is refused."""
-    client = get_store(app).client
+    client = get_store(app).redis.client
     with pytest.raises(SerializationError, match=r"'pickle'.*not in accept_content.*application/json"):
         apply_later(app, TASK, args=(1,), when=0, serializer="pickle", strict=False)
     app.conf.task_serializer = "pickle"
@@ -205,7 +205,7 @@ def test_pickle_only_when_the_app_accepts_it(redis_url: str, uid: str) -> None:
     app = make_app(redis_url, uid, accept_content=["json", "pickle"])
     h = apply_later(app, TASK, args=(b"\x00bytes",), when=0, serializer="pickle", strict=False)
     assert _released(app) == [h.id]
-    env = json.loads(get_store(app).client.lpop(app.conf.task_default_queue))
+    env = json.loads(get_store(app).redis.client.lpop(app.conf.task_default_queue))
     assert env["content-type"] == "application/x-python-serialize"
     # The store and the scheduler never unpickle: the body is opaque base64 to them.
     assert env["properties"]["body_encoding"] == "base64"
@@ -260,14 +260,14 @@ def test_scripts_are_static_files() -> None:
 
 
 def test_hostile_strings_round_trip_and_never_reach_lua_source(app, rclient) -> None:  # type: ignore[no-untyped-def]
-    table = vars(get_store(app).scripts).values()
+    table = get_store(app).redis.scripts.all()
     known = {s.sha for s in table}
     heads = {s.source[:60] for s in table}
     seen: list[dict[str, str]] = []
     with rclient.monitor() as mon:  # type: ignore[no-untyped-call]
         rclient.echo("monitor-start")
         wait_for(lambda: mon.next_command()["command"] == "ECHO monitor-start", 5, interval=0)
-        get_store(app).client.script_flush()  # so that the scripts are loaded again, in view
+        get_store(app).redis.client.script_flush()  # so that the scripts are loaded again, in view
         results = []
         for n, text in enumerate(HOSTILE):
             # ids and keys refuse control characters (test_bad_input): their hostile part is the printable rest
@@ -286,8 +286,8 @@ def test_hostile_strings_round_trip_and_never_reach_lua_source(app, rclient) -> 
                 break
             seen.append(cmd)
     assert sorted(released) == sorted(r.id for r in results)
-    assert get_store(app).get(keyed.id)["st"] == "CANCELLED"
-    assert get_store(app).get(keyed.id)["ik"] == HOSTILE[0]
+    assert get_store(app).lookup.get(keyed.id)["st"] == "CANCELLED"
+    assert get_store(app).lookup.get(keyed.id)["ik"] == HOSTILE[0]
     # Every script call ran a known SHA; no EVAL with a body, no SCRIPT LOAD of anything else.
     tcp = [c["command"] for c in seen if c["client_type"] != "lua"]
     assert sum(c.upper().startswith("EVALSHA") for c in tcp) >= len(HOSTILE) + 2, tcp[:20]

@@ -68,8 +68,8 @@ def run_scheduler(app: Any) -> tuple[Scheduler, threading.Thread]:
 def test_schedule_and_release_through_sentinels(group, redis_url, uid, rclient):
     app = sentinel_app(group, redis_url, uid, delayed_shards=4)
     store = get_store(app)
-    assert not store.direct  # the broker is another server: the publish path
-    assert int(store.client.info("server")["tcp_port"]) == group.master_port()
+    assert not store.broker.direct  # the broker is another server: the publish path
+    assert int(store.redis.client.info("server")["tcp_port"]) == group.master_port()
     ids = [apply_later(app, "e2e.mark", args=(i,), when=0.2, strict=False).id for i in range(20)]
     far = apply_later(app, "e2e.mark", when=3600, strict=False)
     assert cancel(app, far.id) == "SCHEDULED"
@@ -95,7 +95,7 @@ def test_the_store_on_the_brokers_sentinels_releases_directly(group, redis_url, 
     app = make_app(group.url, uid, broker_transport_options={"master_name": group.master_name})
     store = get_store(app)
     assert store.config.redis_options == {"master_name": group.master_name}
-    assert store.direct
+    assert store.broker.direct
     ids = [apply_later(app, "e2e.mark", args=(i,), when=0, strict=False).id for i in range(5)]
     sched, thread = run_scheduler(app)
     master = redis.Redis(port=group.master_port(), decode_responses=True)
@@ -117,20 +117,20 @@ def test_the_store_on_the_brokers_sentinels_releases_directly(group, redis_url, 
             wait_for(lambda: sorted(ran(runs, f"t{uid}")) == sorted(ids), 30, what="the worker to run every job")
         finally:
             runs.close()
-        wait_for(lambda: all(store.get(i)["st"] == "SUCCEEDED" for i in ids), 10, what="the ledger")
+        wait_for(lambda: all(store.lookup.get(i)["st"] == "SUCCEEDED" for i in ids), 10, what="the ledger")
     finally:
         worker.stop()
     # Another master name behind the same Sentinels is another server: the publish path.
     other = make_app(group.url, uid, broker_transport_options={"master_name": group.master_name},
                      delayed_redis_url=group.url, delayed_redis_options={"master_name": "elsewhere"})
-    assert not get_store(other).direct
+    assert not get_store(other).broker.direct
     # Forced direct: refused for another master name, accepted for the broker's own.
     with pytest.raises(ConfigurationError, match=r"another Sentinel master"):
         Store(make_app(group.url, uid, broker_transport_options={"master_name": "elsewhere"},
                        delayed_redis_url=group.url, delayed_redis_options={"master_name": group.master_name},
-                       delayed_release_mode="direct")).check_layout()
+                       delayed_release_mode="direct")).layout.check()
     Store(make_app(group.url, uid, broker_transport_options={"master_name": group.master_name},
-                   delayed_release_mode="direct")).check_layout()
+                   delayed_release_mode="direct")).layout.check()
 
 
 @pytest.mark.timeout(60)
@@ -142,7 +142,7 @@ def test_wait_replicas_waits_for_the_replica(group, redis_url, uid):
     try:
         # WAIT returned: the replica has the record (no polling needed).
         assert replica.hget(store.keys.shard(h.shard).job(h.id), "st") == "SCHEDULED"
-        store.reschedule(h.id, "+1000")
+        store.jobs.reschedule(h.id, "+1000")
         assert cancel(app, h.id) == "SCHEDULED"
         assert replica.hget(store.keys.shard(h.shard).job(h.id), "st") == "CANCELLED"
         # A batch over several shards (one MULTI/EXEC, then WAIT): every record is on the replica.
@@ -189,10 +189,10 @@ def test_too_few_replicas_raise_replication_timeout_and_lose_nothing(group, redi
     assert "delayed_wait_replicas" in str(err.value) and "same task_id" in str(err.value)
     # Written on the master all the same: calling again finds it (not doubled).
     store = get_store(app)
-    assert store.get(f"job-{uid}")["st"] == "SCHEDULED"
+    assert store.lookup.get(f"job-{uid}")["st"] == "SCHEDULED"
     with pytest.raises(ReplicationTimeout):
         cancel(app, f"job-{uid}")
-    assert store.get(f"job-{uid}")["st"] == "CANCELLED"
+    assert store.lookup.get(f"job-{uid}")["st"] == "CANCELLED"
 
 
 @pytest.mark.timeout(60)
@@ -233,7 +233,7 @@ def test_with_a_database_an_unreplicated_index_is_not_an_error(group, redis_url,
         h = apply_later(app, "e2e.mark", when=3600, strict=False)
         assert h.indexed is True
         assert rows.get(h.id).state == "SCHEDULED"
-        assert get_store(app).get(h.id)["st"] == "SCHEDULED"
+        assert get_store(app).lookup.get(h.id)["st"] == "SCHEDULED"
     finally:
         rows.dispose()
 
@@ -245,8 +245,8 @@ def test_every_connection_follows_a_failover(fresh_group, redis_url, uid):
     app = sentinel_app(group, redis_url, uid, delayed_shards=2, delayed_wait_replicas=1)
     store = get_store(app)
     before = apply_later(app, "e2e.mark", when=3600, strict=False)
-    assert store.start("no-such-job", 0, "w1").code == Reply.NOT_FOUND  # the lane is connected
-    sub = store.subscribe_wake()
+    assert store.executions.start("no-such-job", 0, "w1").code == Reply.NOT_FOUND  # the lane is connected
+    sub = store.fleet.subscribe_wake()
     wait_for(lambda: sub.get(0.1) == ("subscribed", ""), 5, what="the subscription")
     old = group.master_port()
     assert old is not None
@@ -256,11 +256,11 @@ def test_every_connection_follows_a_failover(fresh_group, redis_url, uid):
     # The client's pool: the next command goes to the promoted replica (it may take
     # a retry while the Sentinels switch over: redis-py's own retries cover it).
     wait_for(lambda: _port(store) == new, 10, what="the store's client to reach the new master")
-    assert store.get(before.id)["st"] == "SCHEDULED", "acknowledged with WAIT 1: the replica has it"
+    assert store.lookup.get(before.id)["st"] == "SCHEDULED", "acknowledged with WAIT 1: the replica has it"
     # The new master has no replica yet: a write is made, but not acknowledged as replicated.
     with pytest.raises(ReplicationTimeout, match=r"only 0 of the 1 replicas"):
         apply_later(app, "e2e.mark", when=3600, task_id=f"lonely-{uid}", strict=False)
-    assert store.get(f"lonely-{uid}")["st"] == "SCHEDULED"
+    assert store.lookup.get(f"lonely-{uid}")["st"] == "SCHEDULED"
     # The old master comes back: the Sentinels make it a replica of the new one, and writes are acknowledged again.
     group.server_on(old).start()
     wait_for(lambda: _replicas(store) >= 1, 30, what="the old master to come back as a replica")
@@ -268,7 +268,7 @@ def test_every_connection_follows_a_failover(fresh_group, redis_url, uid):
     after = apply_later(app, "e2e.mark", when=3600, strict=False)
     assert cancel(app, after.id) == "SCHEDULED"
     # The lane (its own connection, apart from the pool) reconnects to the new master.
-    assert store.start("no-such-job", 0, "w1").code == Reply.NOT_FOUND
+    assert store.executions.start("no-such-job", 0, "w1").code == Reply.NOT_FOUND
     # The subscription made before the failover: redis-py resubscribes it through the
     # Sentinels (or it raises, and the scheduler's listener makes a new one): either way
     # it hears the new master's wake-ups.
@@ -282,7 +282,7 @@ def test_every_connection_follows_a_failover(fresh_group, redis_url, uid):
             event = sub.get(0.1)
         except redis.ConnectionError:
             sub.close()
-            sub = store.subscribe_wake()
+            sub = store.fleet.subscribe_wake()
             return False
         if event == ("subscribed", ""):
             sooner = apply_later(app, "e2e.mark", when=30, strict=False, shard_key=str(soon.shard))
@@ -296,14 +296,14 @@ def test_every_connection_follows_a_failover(fresh_group, redis_url, uid):
 
 
 def _replicas(store: Any) -> int:
-    info = store.client.info("replication")
+    info = store.redis.client.info("replication")
     return sum(1 for k, v in info.items() if k.startswith("slave") and isinstance(v, dict)
                and v.get("state") == "online")
 
 
 def _port(store: Any) -> int | None:
     try:
-        return int(store.client.info("server")["tcp_port"])
+        return int(store.redis.client.info("server")["tcp_port"])
     except Exception:
         return None
 
@@ -315,7 +315,7 @@ def test_a_switchover_is_followed(fresh_group, redis_url, uid):
     app = sentinel_app(group, redis_url, uid, delayed_shards=2)
     store = get_store(app)
     h = apply_later(app, "e2e.mark", when=3600, strict=False)
-    assert store.start("no-such-job", 0, "w1").code == Reply.NOT_FOUND  # the lane is connected
+    assert store.executions.start("no-such-job", 0, "w1").code == Reply.NOT_FOUND  # the lane is connected
     old = group.master_port()
     assert old is not None
     sentinel = redis.Redis(port=group.sentinels[0].port)
@@ -339,14 +339,14 @@ def test_a_switchover_is_followed(fresh_group, redis_url, uid):
     wait_for(schedules, 10, what="a write to reach the new master")
     master = redis.Redis(port=new, decode_responses=True)
     try:
-        assert master.exists(store.keys.shard(store.shard_of(f"after-{uid}")).job(f"after-{uid}"))
+        assert master.exists(store.keys.shard(store.layout.shard_of(f"after-{uid}")).job(f"after-{uid}"))
     finally:
         master.close()
     assert cancel(app, h.id) == "SCHEDULED"
     # The lane moved too: its connection to the demoted master answered READONLY to a write
     # (or was dropped by the demotion) and was replaced by one to the new master.
-    lane = store._lanes.get()
-    wait_for(lambda: store.start(f"after-{uid}", 0, "w1") is not None and lane.conn is not None
+    lane = store.redis.lane()
+    wait_for(lambda: store.executions.start(f"after-{uid}", 0, "w1") is not None and lane.conn is not None
              and lane.conn.port == new, 10, what="the lane on the new master")
 
 
@@ -371,12 +371,12 @@ def test_auth_on_the_servers_and_on_the_sentinels(redis_url, uid):
                                               "sentinel_kwargs": {"password": "s3ntinel-pw"}})
         h = apply_later(app, "e2e.mark", when=3600, strict=False)
         assert cancel(app, h.id) == "SCHEDULED"
-        assert get_store(app).start("no-such-job", 0, "w1").code == Reply.NOT_FOUND  # the lane authenticates
+        assert get_store(app).executions.start("no-such-job", 0, "w1").code == Reply.NOT_FOUND  # the lane authenticates
         # Without the Sentinels' password no Sentinel answers: StoreUnavailable, the passwords not shown.
         bad = make_app(redis_url, f"{uid}b", delayed_redis_url=group.url,
                        delayed_redis_options={"master_name": group.master_name})
         with pytest.raises(StoreUnavailable) as err:
-            Store(bad, fail_fast=True).now_ms()
+            Store(bad, fail_fast=True).redis.now_ms()
         msg = str(err.value)
         assert "m4ster-pw" not in msg and "sentinel://:***@" in msg, msg
         assert "no Sentinel named its master (AuthenticationError); nothing was written" in msg, msg
@@ -395,8 +395,8 @@ def test_tls_to_the_sentinels_and_the_master_through_a_failover(redis_url, uid):
                        delayed_redis_options={"master_name": group.master_name, **tls, "sentinel_kwargs": tls})
         store = get_store(app)
         h = apply_later(app, "e2e.mark", when=3600, strict=False)
-        assert store.start("no-such-job", 0, "w1").code == Reply.NOT_FOUND
-        lane = store._lanes.get().conn
+        assert store.executions.start("no-such-job", 0, "w1").code == Reply.NOT_FOUND
+        lane = store.redis.lane().conn
         old = group.master_port()
         assert "SSL" in type(lane).__name__ and lane.port == old  # the master's TLS port, named by the Sentinels
         replica = group.server_client(group.replicas[0].port)
@@ -407,9 +407,9 @@ def test_tls_to_the_sentinels_and_the_master_through_a_failover(redis_url, uid):
         group.server_on(old).stop("kill")
         new = group.wait_failover(old)
         wait_for(lambda: _schedules(app), 10, what="a write to the new master")
-        assert store.get(h.id)["st"] == "SCHEDULED"
-        assert store.start("no-such-job", 0, "w1").code == Reply.NOT_FOUND
-        assert store._lanes.get().conn.port == new
+        assert store.lookup.get(h.id)["st"] == "SCHEDULED"
+        assert store.executions.start("no-such-job", 0, "w1").code == Reply.NOT_FOUND
+        assert store.redis.lane().conn.port == new
 
 
 def _schedules(app: Any) -> bool:

@@ -47,7 +47,7 @@ def test_db_init_is_idempotent_and_the_version_is_checked(redis_url: str, uid: s
     assert rows is not None
     with pytest.raises(ConfigurationError, match="run `celery -A <app> delayed db init`"):
         apply_later(app, TASK, when=60, strict=False)  # no tables yet: nothing written anywhere
-    assert not list(get_store(app).client.scan_iter(f"t{uid}:*"))
+    assert not list(get_store(app).redis.client.scan_iter(f"t{uid}:*"))
     assert rows.init_schema() == SCHEMA_VERSION
     assert rows.init_schema() == SCHEMA_VERSION  # again: nothing changes
     engine = create_engine(database_url)
@@ -89,11 +89,11 @@ def test_an_idempotency_key_is_unique_in_the_database_across_a_redis_loss(uid: s
         assert rows is not None
         rows.init_schema()
         first = apply_later(app, TASK, when=60, strict=False, idempotency_key="pay-7")
-        get_store(app).client.flushall()  # a private server: Redis lost everything
+        get_store(app).redis.client.flushall()  # a private server: Redis lost everything
         again = apply_later(app, TASK, when=60, strict=False, idempotency_key="pay-7")
         assert (again.id, again.created) == (first.id, False)  # the row remembers the key
         report = Reconciler(app).run_pass()
-        assert report.reindexed == 1 and get_store(app).get(first.id)["st"] == "SCHEDULED"
+        assert report.reindexed == 1 and get_store(app).lookup.get(first.id)["st"] == "SCHEDULED"
         assert first.cancel()
         third = apply_later(app, TASK, when=60, strict=False, idempotency_key="pay-7")
         assert third.created and row(app, third.id).generation == 1  # a cancel freed the key
@@ -111,7 +111,7 @@ def test_redis_down_scheduling_still_succeeds_and_is_indexed_later(uid: str, dat
     assert h.indexed is False and row(app, h.id).state == "SCHEDULED"  # the row is the job
     with RedisServer(port=port) as _server:
         Reconciler(app).sweep_outbox(0)
-        assert get_store(app).get(h.id)["st"] == "SCHEDULED"
+        assert get_store(app).lookup.get(h.id)["st"] == "SCHEDULED"
     rows.dispose()
 
 
@@ -130,15 +130,15 @@ def test_session_outbox_commit_indexes_rollback_leaves_nothing(dapp: Any, databa
     with Session(engine) as session:
         session.execute(text("SELECT 1"))
         h = apply_later(dapp, TASK, when=60, strict=False, connection=session)
-        assert store.record_states(h.shard, [h.id])[h.id] is None  # not before the commit
+        assert store.lookup.record_states(h.shard, [h.id])[h.id] is None  # not before the commit
         session.commit()
-    assert store.get(h.id)["st"] == "SCHEDULED" and row(dapp, h.id).state == "SCHEDULED"
+    assert store.lookup.get(h.id)["st"] == "SCHEDULED" and row(dapp, h.id).state == "SCHEDULED"
     with Session(engine) as session:
         gone = apply_later(dapp, TASK, when=60, strict=False, connection=session)
         session.rollback()
-    assert store.record_states(gone.shard, [gone.id])[gone.id] is None and row(dapp, gone.id) is None
+    assert store.lookup.record_states(gone.shard, [gone.id])[gone.id] is None and row(dapp, gone.id) is None
     Reconciler(dapp).sweep_outbox(0)
-    assert store.record_states(gone.shard, [gone.id])[gone.id] is None  # the job never existed
+    assert store.lookup.record_states(gone.shard, [gone.id])[gone.id] is None  # the job never existed
     engine.dispose()
 
 
@@ -153,8 +153,8 @@ def test_core_connection_outbox_is_indexed_by_the_sweep(dapp: Any, database_url:
         lost = apply_later(dapp, TASK, when=60, strict=False, connection=conn)
         conn.rollback()
     assert Reconciler(dapp).sweep_outbox(0) > 0
-    assert store.get(h.id)["st"] == "SCHEDULED"
-    assert store.record_states(lost.shard, [lost.id])[lost.id] is None and row(dapp, lost.id) is None
+    assert store.lookup.get(h.id)["st"] == "SCHEDULED"
+    assert store.lookup.record_states(lost.shard, [lost.id])[lost.id] is None and row(dapp, lost.id) is None
     engine.dispose()
 
 
@@ -168,18 +168,18 @@ def test_the_mirror_carries_state_changes_to_the_rows(dapp: Any) -> None:
     b = apply_later(dapp, TASK, when=0, strict=False)
     c = apply_later(dapp, TASK, when=60, strict=False)
     for s in {a.shard, b.shard}:
-        store.release_due(s)
-    assert store.start(a.id, a.shard, "w").run
-    store.finish(a.id, a.shard, "w", "SUCCEEDED")
+        store.release.release_due(s)
+    assert store.executions.start(a.id, a.shard, "w").run
+    store.executions.finish(a.id, a.shard, "w", "SUCCEEDED")
     assert c.cancel()
-    pending, oldest = store.changes_lag(a.shard)
+    pending, oldest = store.changes.lag(a.shard)
     assert pending >= 1 and oldest is not None
     mirror = Mirror(store, rows)
     mirror.apply(list(range(store.config.shards)))
     assert [row(dapp, x.id).state for x in (a, b, c)] == ["SUCCEEDED", "QUEUED", "CANCELLED"]
     done = row(dapp, a.id)
     assert done.attempts == 1 and done.finished_ms is not None and done.finished_ms >= done.created_ms - 1000
-    assert all(store.changes_lag(s)[0] == 0 for s in range(store.config.shards))
+    assert all(store.changes.lag(s)[0] == 0 for s in range(store.config.shards))
     # rows of other stores are not touched
     engine = rows.engine
     with engine.begin() as conn:

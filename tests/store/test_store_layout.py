@@ -17,7 +17,7 @@ def test_second_app_with_other_shards_is_refused_before_writing(redis_url, uid, 
         apply_later(other, "t.x", when=60, strict=False)
     assert sorted(rclient.scan_iter(f"t{uid}:*")) == before
     with pytest.raises(ConfigurationError, match="delayed_shards"):
-        get_store(other).release_due(0)
+        get_store(other).release.release_due(0)
 
 
 def test_other_bucket_width_is_refused(redis_url, uid):
@@ -31,7 +31,7 @@ def test_same_layout_is_accepted_and_checked_once(redis_url, uid, rclient):
     apply_later(a, "t.x", when=60, strict=False)
     apply_later(b, "t.x", when=60, strict=False)
     assert rclient.hgetall(f"t{uid}:layout") == {"shards": "16", "bucket_ms": "0"}
-    assert get_store(b)._layout_ok
+    assert get_store(b).layout._checked
 
 
 def test_envelope_is_validated_before_it_is_stored():

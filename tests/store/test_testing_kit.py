@@ -15,7 +15,6 @@ import pytest
 from celery import Celery
 
 from celery_delayed import DelayedTask, apply_later, cancel, get_store
-from celery_delayed.store import DeadLetters
 from celery_delayed.testing import DelayedClock, DelayedTestKit
 
 pytestmark = pytest.mark.timeout(60)
@@ -105,7 +104,7 @@ def test_exhausted_retries_dead_letter_and_propagate(kit: DelayedTestKit, kapp: 
     with pytest.raises(RuntimeError, match="declined"):
         kit.run_due(propagate=True)
     assert kapp.calls == [9, 9, 9]  # type: ignore[attr-defined]
-    [letter] = DeadLetters(kit.store).page()
+    [letter] = kit.store.dead_letters.page()
     assert letter.task == "kit.charge"
 
 
@@ -138,9 +137,9 @@ def test_close_restores_the_app_and_drops_its_keys(kapp: Celery, redis_url: str)
     with DelayedTestKit(kapp, key_prefix="kitclose") as kit:
         assert get_store(kapp) is kit.store and kit.store.config.key_prefix == "kitclose"
         apply_later(kapp, "kit.charge", (1,), when=60)
-        assert kit.store.client.keys("kitclose:*")
+        assert kit.store.redis.client.keys("kitclose:*")
     assert get_store(kapp) is own
-    assert not own.client.keys("kitclose:*")
+    assert not own.redis.client.keys("kitclose:*")
 
 
 PLUGIN_TESTS = '''

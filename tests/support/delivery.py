@@ -79,9 +79,9 @@ def pending(app: Celery) -> int:
 def record_fields(app: Celery, ids: Sequence[str], *fields: str) -> dict[str, list[Any]]:
     """``fields`` of each job's record (jobs without a shard key), in one round trip."""
     store = get_store(app)
-    pipe = store.client.pipeline(transaction=False)
+    pipe = store.redis.client.pipeline(transaction=False)
     for i in ids:
-        pipe.hmget(store.keys.shard(store.shard_of(i)).job(i), *fields)
+        pipe.hmget(store.keys.shard(store.layout.shard_of(i)).job(i), *fields)
     return dict(zip(ids, pipe.execute(), strict=True))
 
 

@@ -32,9 +32,9 @@ uid = uuid.uuid4().hex[:10]
 app.conf.update(delayed_key_prefix="pkg" + uid, task_default_queue="q" + uid)
 store = get_store(app)
 job = prepare(app, "pkg.noop", (1,), {}, 0, task_id="job-" + uid).job
-scheduled = store.schedule([job], now_ms=1_000)[0]
-batch = store.release_due(job.shard, now_ms=2_000)
-client = store.client
+scheduled = store.jobs.schedule([job], now_ms=1_000)[0]
+batch = store.release.release_due(job.shard, now_ms=2_000)
+client = store.redis.client
 print(json.dumps({
     "package": str(pkg),
     "lua_dir": str(lua_dir()),
@@ -45,7 +45,7 @@ print(json.dumps({
     "created": scheduled.created,
     "released": batch.ids,
     "queued": client.llen("q" + uid),
-    "state": store.get(job.id, job.shard)["st"],
+    "state": store.lookup.get(job.id, job.shard)["st"],
     "web_assets": sorted(str(p.relative_to(pkg / "web")) for p in (pkg / "web").rglob("*.*")
                          if p.suffix in (".css", ".html")),
 }))

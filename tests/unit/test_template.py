@@ -127,9 +127,9 @@ def test_apply_later_and_many_store_renderable_jobs(redis_url: str, uid: str, rc
     hs = apply_later_many(app, NAME, [{"args": (i,), "when": 3600} for i in range(50)])
     store = get_store(app)
     for x in [h, *hs]:
-        rec = store.get(x.id, x.shard)  # a compact record, read with its template's routing fields
+        rec = store.lookup.get(x.id, x.shard)  # a compact record, read with its template's routing fields
         assert rec["st"] == "SCHEDULED" and rec["task"] == NAME and rec["lk"] == f"q{uid}"
-        assert json.loads(store.message(x.id, x.shard) or "")["headers"]["id"] == x.id
+        assert json.loads(store.lookup.message(x.id, x.shard) or "")["headers"]["id"] == x.id
 
 
 def test_fast_uuid4_is_a_version_4_uuid() -> None:

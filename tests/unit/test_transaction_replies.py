@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from redis.exceptions import ExecAbortError, NoScriptError, OutOfMemoryError
 
-from celery_delayed.store.gateway import _executed
+from celery_delayed.store.runner import _executed
 
 pytestmark = pytest.mark.timeout(10)
 

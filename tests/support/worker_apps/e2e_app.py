@@ -48,7 +48,7 @@ def record(task_id: str, retries: int = 0) -> None:
     global _client
     if _client is None:
         if app.conf.get("delayed_redis_cluster") is True or (
-                app.conf.delayed_redis_url == STORE and get_store(app).cluster):  # "auto" found a cluster
+                app.conf.delayed_redis_url == STORE and get_store(app).redis.cluster):  # "auto" found a cluster
             _client = RedisCluster.from_url(STORE, decode_responses=True)  # type: ignore[assignment]
         else:
             _client = redis.Redis.from_url(STORE, decode_responses=True)
