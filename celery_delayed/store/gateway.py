@@ -32,7 +32,7 @@ from redis.exceptions import (
     TryAgainError,
 )
 
-from ..config import DelayedConfig, broker_url, get_config, is_sentinel_url
+from ..config import DelayedConfig, get_config
 from ..errors import (
     ConfigurationError,
     InvalidOption,
@@ -46,7 +46,7 @@ from ..errors import (
 )
 from ..vocab import ETA_FALLBACK_LAST, ETA_FALLBACKS, Field, JobState, Reply
 from . import compact
-from .broker_layout import BrokerLayout, same_redis
+from .broker_layout import BrokerLayout
 from .client import (
     MIGRATION_PATIENCE_FAST_S,
     MIGRATION_PATIENCE_S,
@@ -56,7 +56,6 @@ from .client import (
     is_cluster,
     make_client,
     not_executed,
-    redact,
     translate,
     translate_errors,
 )
@@ -66,6 +65,7 @@ from .lane import Lanes
 from .loader import Arg, Script, Scripts, scripts
 from .moves import JobMover
 from .records import NEW_JOB_FIELDS, Batch, Membership, NewJob, Outcome, Scheduled, Started, rehome
+from .urls import broker_url, is_sentinel_url, redact, same_redis
 
 #: Delay before a job the broker refused is published again, ms (doubled after each refusal).
 _REFUSED_DELAY_MS = 1000
