@@ -261,12 +261,16 @@ def _check_store(values: dict[str, Any]) -> None:
 def _redis_cluster(conf: Any, value: bool | str) -> bool | str:
     """A cluster has one database: refuse a store URL that names another (``"auto"``: when detected)."""
     if value is True:
-        parts = urlsplit(conf.get("delayed_redis_url") or broker_url(conf))
+        url = conf.get("delayed_redis_url") or broker_url(conf)
+        if is_sentinel_url(url):  # refused whatever its database: _check_store says why
+            return value
+        parts = urlsplit(url)
         db = parts.path.strip("/") or parse_qs(parts.query).get("db", ["0"])[0]
         if db not in ("", "0"):
+            what = f"database {db}" if db.isdigit() else "a database other than 0"  # not a number: maybe a password
             raise ConfigurationError(
-                f"delayed_redis_cluster is set, but delayed_redis_url names database {db!r}: a Redis Cluster "
-                "has database 0 only (use /0 or no database in the URL)")
+                f"delayed_redis_cluster is set, but delayed_redis_url {redact(url)!r} names {what}: a Redis "
+                "Cluster has database 0 only (use /0 or no database in the URL)")
     return value
 
 
