@@ -11,7 +11,6 @@ Precedence for the options a task or a call may override, as Celery's own
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +19,7 @@ from urllib.parse import parse_qs, urlsplit
 from celery import Celery
 
 from .errors import ConfigurationError
+from .store.urls import broker_url, is_redis_url, is_sentinel_url, redact, sentinel_hosts
 
 _DAY_S = 86_400
 _YEAR_S = 365 * _DAY_S
@@ -200,63 +200,18 @@ SETTINGS: tuple[Setting, ...] = (
 SETTINGS_BY_KEY = {s.key: s for s in SETTINGS}
 
 
-def _is_redis_url(url: str) -> bool:
-    return urlsplit(url).scheme in ("redis", "rediss", "unix", "socket", "sentinel")
-
-
-def is_sentinel_url(url: str) -> bool:
-    """Whether ``url`` names Redis Sentinels (``sentinel://host:port;sentinel://host:port...``)."""
-    return url.startswith("sentinel://")
-
-
-def sentinel_hosts(url: str) -> list[tuple[str, int]]:
-    """The (host, port) of each Sentinel of a ``sentinel://`` URL (port 26379 when left out).
-
-    Raises:
-        ConfigurationError: a part is not ``sentinel://host[:port]`` (with an optional
-            ``user:password@`` and ``/db``).
-    """
-    hosts = []
-    for part in url.split(";"):
-        try:
-            p = urlsplit(part.strip())
-            port = p.port or 26379
-        except ValueError as exc:
-            raise ConfigurationError(f"bad Sentinel URL {_redact(part)!r} in delayed_redis_url: {exc}") from None
-        if p.scheme != "sentinel" or not p.hostname or not re.fullmatch(r"(/\d*)?", p.path):
-            raise ConfigurationError(
-                f"bad Sentinel URL {_redact(part)!r} in delayed_redis_url: every part must be "
-                "sentinel://host:port (or sentinel://:password@host:port/db), parts separated by ';' "
-                "(e.g. sentinel://10.0.0.1:26379;sentinel://10.0.0.2:26379)")
-        hosts.append((p.hostname, port))
-    return hosts
-
-
-def _redact(url: str) -> str:
-    p = urlsplit(url)
-    return url.replace(f":{p.password}@", ":***@") if p.password else url
-
-
-def broker_url(conf: Any) -> str:
-    """The app's (first) broker URL, or ''."""
-    broker = conf.broker_url or ""
-    if isinstance(broker, (list, tuple)):
-        broker = broker[0] if broker else ""
-    return str(broker)
-
-
 def _redis_url(conf: Any, value: str | None) -> str:
     if value is None:
         broker = broker_url(conf)
-        if not broker or not _is_redis_url(broker):
+        if not broker or not is_redis_url(broker):
             raise ConfigurationError(
                 "set delayed_redis_url: the broker is not Redis "
-                f"({broker or 'unset'!r}), so the store needs its own Redis URL"
+                f"({redact(broker) or 'unset'!r}), so the store needs its own Redis URL"
             )
         return broker
-    if not _is_redis_url(value):
+    if not is_redis_url(value):
         raise ConfigurationError(
-            f"delayed_redis_url must be a redis://, rediss://, unix:// or sentinel:// URL, got {_redact(value)!r}")
+            f"delayed_redis_url must be a redis://, rediss://, unix:// or sentinel:// URL, got {redact(value)!r}")
     return value
 
 
@@ -285,14 +240,14 @@ def _check_store(values: dict[str, Any]) -> None:
     url, opts = values["redis_url"], values["redis_options"]
     if is_sentinel_url(url) and values.get("redis_cluster") is True:
         raise ConfigurationError(
-            f"delayed_redis_cluster is set, but delayed_redis_url {_redact(url)!r} names Sentinels: a Redis Cluster "
+            f"delayed_redis_cluster is set, but delayed_redis_url {redact(url)!r} names Sentinels: a Redis Cluster "
             "fails over by itself; give the URL of any cluster node (redis://host:port/0), or unset "
             "delayed_redis_cluster to use the Sentinels")
     if is_sentinel_url(url):
         sentinel_hosts(url)
         if not isinstance(opts.get("master_name"), str) or not opts["master_name"]:
             raise ConfigurationError(
-                f"delayed_redis_url {_redact(url)!r} names Sentinels: set delayed_redis_options = "
+                f"delayed_redis_url {redact(url)!r} names Sentinels: set delayed_redis_options = "
                 "{'master_name': '<the name the Sentinels monitor>'} (for the broker's own Sentinels, "
                 "broker_transport_options['master_name'] is used when delayed_redis_url is unset)")
     elif opts:
@@ -300,18 +255,22 @@ def _check_store(values: dict[str, Any]) -> None:
         if unknown:
             raise ConfigurationError(
                 f"delayed_redis_options has {sorted(unknown)}, which only a sentinel:// delayed_redis_url uses "
-                f"(it is {_redact(url)!r})")
+                f"(it is {redact(url)!r})")
 
 
 def _redis_cluster(conf: Any, value: bool | str) -> bool | str:
     """A cluster has one database: refuse a store URL that names another (``"auto"``: when detected)."""
     if value is True:
-        parts = urlsplit(conf.get("delayed_redis_url") or broker_url(conf))
+        url = conf.get("delayed_redis_url") or broker_url(conf)
+        if is_sentinel_url(url):  # refused whatever its database: _check_store says why
+            return value
+        parts = urlsplit(url)
         db = parts.path.strip("/") or parse_qs(parts.query).get("db", ["0"])[0]
         if db not in ("", "0"):
+            what = f"database {db}" if db.isdigit() else "a database other than 0"  # not a number: maybe a password
             raise ConfigurationError(
-                f"delayed_redis_cluster is set, but delayed_redis_url names database {db!r}: a Redis Cluster "
-                "has database 0 only (use /0 or no database in the URL)")
+                f"delayed_redis_cluster is set, but delayed_redis_url {redact(url)!r} names {what}: a Redis "
+                "Cluster has database 0 only (use /0 or no database in the URL)")
     return value
 
 

@@ -27,11 +27,11 @@ from typing import Any
 
 from celery import Celery
 
-from .config import broker_url
 from .errors import ConfigurationError
 from .store import ServerHealth, Store, get_store
 from .store.health import UNCHECKED
 from .store.stats import FleetStats
+from .store.urls import broker_url, is_redis_url
 
 OK, WARNING, PROBLEM, UNCHECKED_LEVEL = "ok", "warning", "problem", "unchecked"
 #: Clock skew (host vs the store's Redis) that is worth a warning, and one that is a problem, seconds.
@@ -158,7 +158,7 @@ def _broker_timeouts(store: Store, http_timeout_s: float) -> list[Finding]:
     app, cfg = store.app, store.config
     url = broker_url(app.conf)
     scheme = urllib.parse.urlsplit(url).scheme
-    if scheme in ("redis", "rediss", "unix", "socket"):
+    if is_redis_url(url):  # kombu's Sentinel transport is its Redis transport: the same visibility_timeout
         opts = app.conf.broker_transport_options or {}
         vt = float(opts.get("visibility_timeout", DEFAULT_VISIBILITY_TIMEOUT_S))
         if cfg.done_ttl_s < vt:

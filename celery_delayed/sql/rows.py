@@ -24,6 +24,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, SQLAlch
 from ..config import get_config
 from ..errors import ConfigurationError, DatabaseUnavailable, DuplicateJob
 from ..store import NewJob, rehome, shard_for
+from ..store.urls import redact
 from ..vocab import Field, JobState
 from .schema import SCHEMA_VERSION, jobs, metadata, schema
 
@@ -34,12 +35,6 @@ _SCHEMA_NAME = "celery_delayed"
 def key_hash(idempotency_key: str) -> str:
     """The idempotency key as the unique index holds it (sha256, hex)."""
     return hashlib.sha256(idempotency_key.encode("utf-8")).hexdigest()
-
-
-def _redact(url: str) -> str:
-    from sqlalchemy.engine import make_url
-
-    return make_url(url).render_as_string(hide_password=True)
 
 
 def _translated(fn: F) -> F:
@@ -98,7 +93,7 @@ class JobRows:
     def __init__(self, app: Celery, url: str, engine: Engine | None = None) -> None:
         self.app = app
         self.prefix = get_config(app).key_prefix
-        self.url_shown = _redact(url)
+        self.url_shown = redact(url)
         self.engine = engine or create_engine(url, pool_pre_ping=True, future=True)
         self._schema_ok = False
 

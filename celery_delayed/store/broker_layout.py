@@ -23,13 +23,13 @@ from __future__ import annotations
 from bisect import bisect
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 from kombu.transport.redis import Channel as RedisChannel
 from kombu.transport.virtual.base import Channel as VirtualChannel
 
-from ..config import DelayedConfig, broker_url, is_sentinel_url, sentinel_hosts
+from ..config import DelayedConfig
 from ..errors import ConfigurationError, InvalidOption
+from .urls import broker_url, is_sentinel_url, same_redis
 
 
 @dataclass(frozen=True)
@@ -41,37 +41,6 @@ class Route:
     routing_key: str
     exchange_type: str
     priority: int
-
-
-def same_redis(a: str, b: str) -> bool:
-    """Whether two Redis URLs name the same server and database.
-
-    Two ``sentinel://`` URLs do when they list the same Sentinels and
-    database (the caller compares the master names, which are options).
-    """
-    if is_sentinel_url(a) or is_sentinel_url(b):
-        if not (is_sentinel_url(a) and is_sentinel_url(b)):
-            return False
-        return set(sentinel_hosts(a)) == set(sentinel_hosts(b)) and _db(a.split(";")[0]) == _db(b.split(";")[0])
-    pa, pb = urlsplit(a), urlsplit(b)
-    if pa.scheme in ("unix", "socket") or pb.scheme in ("unix", "socket"):
-        return pa.path == pb.path
-    if pa.scheme not in ("redis", "rediss") or pb.scheme not in ("redis", "rediss"):
-        return False
-
-    def db(p: Any) -> str:
-        return (p.path or "/0").lstrip("/") or "0"
-
-    host = {"localhost": "127.0.0.1"}
-    return (
-        host.get(pa.hostname or "localhost", pa.hostname) == host.get(pb.hostname or "localhost", pb.hostname)
-        and (pa.port or 6379) == (pb.port or 6379)
-        and db(pa) == db(pb)
-    )
-
-
-def _db(url: str) -> str:
-    return (urlsplit(url).path or "/0").lstrip("/") or "0"
 
 
 @dataclass(frozen=True)

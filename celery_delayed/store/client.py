@@ -37,9 +37,9 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 from redis.sentinel import MasterNotFoundError, Sentinel
 
-from ..config import is_sentinel_url, sentinel_hosts
 from ..errors import ConfigurationError, DelayedError, StoreFull, StoreUnavailable
 from .packer import direct_packer
+from .urls import is_sentinel_url, redact, sentinel_hosts
 
 logger = logging.getLogger("celery_delayed.store")
 
@@ -47,18 +47,6 @@ logger = logging.getLogger("celery_delayed.store")
 #: redis-py's own retries, which follow MOVED/ASK and a failover to a replica).
 UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, BusyLoadingError, ReadOnlyError,
                ClusterDownError, SlotNotCoveredError, TryAgainError, ClusterError)
-
-
-def redact(url: str) -> str:
-    """``url`` with its password replaced by ``***`` (in each part of a ``sentinel://a;sentinel://b`` URL)."""
-    out = []
-    for part in url.split(";"):
-        try:
-            password = urlsplit(part).password
-        except ValueError:
-            password = None
-        out.append(part.replace(f":{password}@", ":***@") if password else part)
-    return ";".join(out)
 
 
 def translate(exc: Exception, url: str) -> DelayedError | None:

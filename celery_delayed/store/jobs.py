@@ -18,7 +18,7 @@ from redis.exceptions import OutOfMemoryError
 
 from ..errors import InvalidOption, InvalidState, JobNotFound, StoreFull, StoreUnavailable, raise_for
 from ..vocab import ETA_FALLBACK_LAST, ETA_FALLBACKS, Field, JobState
-from .client import redact, translate_errors
+from .client import translate_errors
 from .compact import Template
 from .facet import Facet
 from .keys import index_part, parse_index_part, shard_for
@@ -28,6 +28,7 @@ from .lookup import Lookup
 from .moves import JobMover, Moves
 from .records import NEW_JOB_FIELDS, NewJob, Scheduled, rehome
 from .runner import PartlyWritten, Runner
+from .urls import redact
 
 
 @translate_errors

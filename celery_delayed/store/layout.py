@@ -14,14 +14,13 @@ import time
 import redis
 from redis.exceptions import ResponseError
 
-from ..config import broker_url, is_sentinel_url
 from ..errors import ConfigurationError
 from ..vocab import Field
-from .broker_layout import same_redis
-from .client import redact, translate_errors
+from .client import translate_errors
 from .keys import shard_for
 from .records import NewJob
 from .runner import Runner
+from .urls import broker_url, is_sentinel_url, redact, same_redis
 
 
 @translate_errors

@@ -32,7 +32,7 @@ from redis.exceptions import (
     TryAgainError,
 )
 
-from ..config import DelayedConfig, broker_url, is_sentinel_url
+from ..config import DelayedConfig
 from ..errors import ConfigurationError, ReplicationTimeout, StoreUnavailable
 from .broker_layout import BrokerLayout
 from .client import (
@@ -44,13 +44,13 @@ from .client import (
     is_cluster,
     make_client,
     not_executed,
-    redact,
     translate,
     translate_errors,
 )
 from .keys import Keys, ShardKeys
 from .lane import ClusterLane, Lane, Lanes
 from .loader import Arg, Script, Scripts, scripts
+from .urls import broker_url, is_sentinel_url, redact
 
 #: A call that stores this many jobs or more may keep Redis busy longer than the client's read timeout:
 #: its reply is read on a connection of its own, whose timeout grows with the jobs (see Runner._patient_connection).

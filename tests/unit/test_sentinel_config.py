@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from celery import Celery
 
-from celery_delayed.config import DelayedConfig, sentinel_hosts
+from celery_delayed.config import DelayedConfig
+from celery_delayed.doctor import PROBLEM, _broker_timeouts
 from celery_delayed.errors import ConfigurationError
-from celery_delayed.store.broker_layout import same_redis
-from celery_delayed.store.client import make_client, redact
+from celery_delayed.store.client import make_client
+from celery_delayed.store.urls import redact, same_redis, sentinel_hosts
 
 URL = "sentinel://10.0.0.1:26379;sentinel://10.0.0.2:26380;sentinel://10.0.0.3"
 
@@ -71,6 +74,14 @@ def test_the_store_on_the_brokers_sentinels_takes_the_brokers_options() -> None:
     assert cfg.redis_url == URL
     assert cfg.redis_options == {"master_name": "m", "sentinel_kwargs": {"password": "x"}, "ssl": True,
                                  "ssl_cert_reqs": "required"}
+
+
+def test_doctor_checks_the_visibility_timeout_of_a_sentinel_broker() -> None:
+    app = _app(broker_url=URL, broker_transport_options={"master_name": "m", "visibility_timeout": 90_000},
+               delayed_done_ttl_s=86_400)
+    store = SimpleNamespace(app=app, config=DelayedConfig.from_app(app))  # the check reads the settings only
+    [finding] = _broker_timeouts(store, 1.0)  # type: ignore[arg-type]
+    assert (finding.level, finding.check) == (PROBLEM, "visibility_timeout"), finding
 
 
 def test_same_redis_for_sentinel_urls() -> None:
