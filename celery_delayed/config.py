@@ -19,7 +19,7 @@ from urllib.parse import parse_qs, urlsplit
 from celery import Celery
 
 from .errors import ConfigurationError
-from .store.urls import broker_url, is_redis_url, is_sentinel_url, redact, sentinel_hosts
+from .redis_urls import broker_url, is_redis_url, is_sentinel_url, redact, sentinel_hosts
 
 _DAY_S = 86_400
 _YEAR_S = 365 * _DAY_S

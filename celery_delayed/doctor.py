@@ -28,10 +28,10 @@ from typing import Any
 from celery import Celery
 
 from .errors import ConfigurationError
+from .redis_urls import broker_url, is_redis_url
 from .store import ServerHealth, Store, get_store
 from .store.health import UNCHECKED
 from .store.stats import FleetStats
-from .store.urls import broker_url, is_redis_url
 
 OK, WARNING, PROBLEM, UNCHECKED_LEVEL = "ok", "warning", "problem", "unchecked"
 #: Clock skew (host vs the store's Redis) that is worth a warning, and one that is a problem, seconds.

@@ -23,8 +23,8 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, SQLAlch
 
 from ..config import get_config
 from ..errors import ConfigurationError, DatabaseUnavailable, DuplicateJob
+from ..redis_urls import redact
 from ..store import NewJob, rehome, shard_for
-from ..store.urls import redact
 from ..vocab import Field, JobState
 from .schema import SCHEMA_VERSION, jobs, metadata, schema
 

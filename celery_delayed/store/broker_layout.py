@@ -29,7 +29,7 @@ from kombu.transport.virtual.base import Channel as VirtualChannel
 
 from ..config import DelayedConfig
 from ..errors import ConfigurationError, InvalidOption
-from .urls import broker_url, is_sentinel_url, same_redis
+from ..redis_urls import broker_url, is_sentinel_url, same_redis
 
 
 @dataclass(frozen=True)

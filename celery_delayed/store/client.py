@@ -38,8 +38,8 @@ from redis.retry import Retry
 from redis.sentinel import MasterNotFoundError, Sentinel
 
 from ..errors import ConfigurationError, DelayedError, StoreFull, StoreUnavailable
+from ..redis_urls import is_sentinel_url, redact, sentinel_hosts
 from .packer import direct_packer
-from .urls import is_sentinel_url, redact, sentinel_hosts
 
 logger = logging.getLogger("celery_delayed.store")
 

@@ -17,6 +17,7 @@ from typing import Any
 from redis.exceptions import OutOfMemoryError
 
 from ..errors import InvalidOption, InvalidState, JobNotFound, StoreFull, StoreUnavailable, raise_for
+from ..redis_urls import redact
 from ..vocab import ETA_FALLBACK_LAST, ETA_FALLBACKS, Field, JobState
 from .client import translate_errors
 from .compact import Template
@@ -28,7 +29,6 @@ from .lookup import Lookup
 from .moves import JobMover, Moves
 from .records import NEW_JOB_FIELDS, NewJob, Scheduled, rehome
 from .runner import PartlyWritten, Runner
-from .urls import redact
 
 
 @translate_errors

@@ -15,12 +15,12 @@ import redis
 from redis.exceptions import ResponseError
 
 from ..errors import ConfigurationError
+from ..redis_urls import broker_url, is_sentinel_url, redact, same_redis
 from ..vocab import Field
 from .client import translate_errors
 from .keys import shard_for
 from .records import NewJob
 from .runner import Runner
-from .urls import broker_url, is_sentinel_url, redact, same_redis
 
 
 @translate_errors

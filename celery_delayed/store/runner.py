@@ -34,6 +34,7 @@ from redis.exceptions import (
 
 from ..config import DelayedConfig
 from ..errors import ConfigurationError, ReplicationTimeout, StoreUnavailable
+from ..redis_urls import broker_url, is_sentinel_url, redact
 from .broker_layout import BrokerLayout
 from .client import (
     MIGRATION_PATIENCE_FAST_S,
@@ -50,7 +51,6 @@ from .client import (
 from .keys import Keys, ShardKeys
 from .lane import ClusterLane, Lane, Lanes
 from .loader import Arg, Script, Scripts, scripts
-from .urls import broker_url, is_sentinel_url, redact
 
 #: A call that stores this many jobs or more may keep Redis busy longer than the client's read timeout:
 #: its reply is read on a connection of its own, whose timeout grows with the jobs (see Runner._patient_connection).

@@ -10,8 +10,8 @@ from celery import Celery
 from celery_delayed.config import DelayedConfig
 from celery_delayed.doctor import PROBLEM, _broker_timeouts
 from celery_delayed.errors import ConfigurationError
+from celery_delayed.redis_urls import redact, same_redis, sentinel_hosts
 from celery_delayed.store.client import make_client
-from celery_delayed.store.urls import redact, same_redis, sentinel_hosts
 
 URL = "sentinel://10.0.0.1:26379;sentinel://10.0.0.2:26380;sentinel://10.0.0.3"
 

@@ -1,4 +1,4 @@
-"""Redis URLs (``store/urls.py``): what a Redis URL is, Sentinel hosts, and no password in what is printed."""
+"""Redis URLs (``redis_urls.py``): what a Redis URL is, Sentinel hosts, and no password in what is printed."""
 
 from __future__ import annotations
 
@@ -13,11 +13,10 @@ from celery import Celery
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.sentinel import MasterNotFoundError
 
-import celery_delayed.store.urls as urls_module
+import celery_delayed.redis_urls as urls_module
 from celery_delayed.config import DelayedConfig
 from celery_delayed.errors import ConfigurationError
-from celery_delayed.store.client import translate
-from celery_delayed.store.urls import (
+from celery_delayed.redis_urls import (
     broker_url,
     is_redis_url,
     is_sentinel_url,
@@ -25,6 +24,7 @@ from celery_delayed.store.urls import (
     same_redis,
     sentinel_hosts,
 )
+from celery_delayed.store.client import translate
 
 # (url, the secrets it holds, what must stay readable)
 WITH_PASSWORDS = [
@@ -157,7 +157,7 @@ def test_the_module_imports_only_the_standard_library_and_the_errors() -> None:
         else:
             continue
         for name in names:
-            assert name in ("..errors", "__future__") or name.split(".")[0] in sys.stdlib_module_names, name
+            assert name in (".errors", "__future__") or name.split(".")[0] in sys.stdlib_module_names, name
 
 
 # -- what the package raises: no password from any part -------------------------------------------

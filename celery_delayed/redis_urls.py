@@ -7,7 +7,7 @@ part per Sentinel. :func:`redact` is how the package prints any URL (the
 store's, the broker's, the database's).
 
 This module imports only the standard library and ``celery_delayed.errors``,
-so that the settings (``config.py``) can use it.
+so that the settings (``config.py``) and the store's clients (``store/client.py``) both use it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import re
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..errors import ConfigurationError
+from .errors import ConfigurationError
 
 #: URL schemes that name a Redis server (or Redis Sentinels).
 REDIS_SCHEMES = ("redis", "rediss", "unix", "socket", "sentinel")
