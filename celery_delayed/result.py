@@ -107,4 +107,4 @@ class DelayedResult(AsyncResult):  # type: ignore[misc]
     @property
     def job_state(self) -> str:
         """The job's state in the store (SCHEDULED, QUEUED, CANCELLED, ...)."""
-        return self.job().get("st", "")
+        return self.job().get(Field.STATE, "")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..vocab import Field
 from .client import translate_errors
 from .facet import Facet
 
@@ -16,7 +17,7 @@ class ChangeLog(Facet):
         """The oldest entries of a shard's change log: (entry id, state, job ids)."""
         entries: list[Any] = self.redis.client.xrange(  # type: ignore[assignment]
             self.keys.shard(shard).changes, "-", "+", count=count)
-        return [(str(eid), str(f.get("st", "")), str(f.get("ids", "")).split("\n")) for eid, f in entries]
+        return [(str(eid), str(f.get(Field.STATE, "")), str(f.get("ids", "")).split("\n")) for eid, f in entries]
 
     def trim(self, shard: int, upto: str) -> None:
         """Drop the entries of a shard's change log up to and including ``upto`` (applied)."""

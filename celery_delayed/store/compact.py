@@ -52,12 +52,16 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+from ..vocab import Field
+
 #: The slots of a template, in the names the Lua include uses.
 SLOTS = ("id", "root", "parent", "argsrepr", "kwargsrepr", "shard", "tag", "body", "eta", "ceta")
 #: The per-job record fields of a compact job (besides st, due, created and the release fields).
-FIELDS = ("tp", "a", "k", "b", "e", "i", "r", "pa")
+FIELDS = (Field.TEMPLATE, Field.C_ARGSREPR, Field.C_KWARGSREPR, Field.C_BODY, Field.C_ETA, Field.C_ID, Field.C_ROOT,
+          Field.C_PARENT)
 #: The routing fields a template holds for its jobs (the record fields of a full job).
-ROUTE_FIELDS = ("task", "q", "ex", "rk", "lk", "bx", "ps")
+ROUTE_FIELDS = (Field.TASK, Field.QUEUE, Field.EXCHANGE, Field.ROUTING_KEY, Field.LIST_KEY, Field.BINDINGS,
+                Field.PRIORITY_SUFFIX)
 #: The template version this code writes (see the module docstring).
 VERSION = 2
 

@@ -163,16 +163,16 @@ class DeadLetters(Facet):
         """Schedule every dead letter (of one task name, if given) again; return how many."""
         total = 0
         for s in self.layout.shard_range():
-            sk = self.keys.shard(s)
+            shard_keys = self.keys.shard(s)
             stuck = 0  # letters requeue cannot move (no message), or of another task: skip past them
             while True:
-                ids = [str(i) for i in self.redis.client.zrange(sk.dlq, stuck, stuck + PAGE - 1)]
+                ids = [str(i) for i in self.redis.client.zrange(shard_keys.dlq, stuck, stuck + PAGE - 1)]
                 if not ids:
                     break
                 if task:
                     pipe = self.redis.client.pipeline(transaction=False)
                     for jid in ids:
-                        pipe.hget(sk.job(jid), Field.TASK)
+                        pipe.hget(shard_keys.job(jid), Field.TASK)
                     keep = [jid for jid, name in zip(ids, pipe.execute(), strict=True) if name == task]
                     stuck += len(ids) - len(keep)
                     ids = keep
@@ -212,10 +212,11 @@ class DeadLetters(Facet):
         Returns the due time (epoch ms) and one outcome per id: OK,
         NOT_FOUND, WRONG_STATE (not DEAD) or NO_MESSAGE.
         """
-        sk = self.keys.shard(shard)
+        shard_keys = self.keys.shard(shard)
         reply = self.redis.run(
-            self.redis.scripts.requeue, [sk.due, sk.buckets, sk.next, sk.dlq, sk.changes],
-            [self.redis.now_arg(now_ms), sk.job_prefix, due, self.config.bucket_ms, self.keys.wake, shard,
+            self.redis.scripts.requeue, [shard_keys.due, shard_keys.buckets, shard_keys.next, shard_keys.dlq,
+                                         shard_keys.changes],
+            [self.redis.now_arg(now_ms), shard_keys.job_prefix, due, self.config.bucket_ms, self.keys.wake, shard,
              self.redis.logs_changes, *ids],
         )
         rest = reply[1:]
@@ -226,8 +227,8 @@ class DeadLetters(Facet):
 
         ``older_than_ms`` None deletes them regardless of age.
         """
-        sk = self.keys.shard(shard)
+        shard_keys = self.keys.shard(shard)
         return int(self.redis.run(
-            self.redis.scripts.purge_dead, [sk.dlq],
-            ["", sk.job_prefix, "" if older_than_ms is None else older_than_ms, limit],
+            self.redis.scripts.purge_dead, [shard_keys.dlq],
+            ["", shard_keys.job_prefix, "" if older_than_ms is None else older_than_ms, limit],
         ))

@@ -48,9 +48,9 @@ class Executions(Facet):
 
         ``generation`` is the delivered message's (its ``delayed_gen`` header).
         """
-        sk = self.keys.shard(shard)
+        shard_keys = self.keys.shard(shard)
         code, state, attempt, until, why = self.redis.lane().call(
-            self.redis.scripts.start, [sk.job(job_id), sk.released, sk.changes],
+            self.redis.scripts.start, [shard_keys.job(job_id), shard_keys.released, shard_keys.changes],
             [self.redis.now_arg(now_ms), owner, self.config.exec_lease_ms, hostname, generation or "", job_id,
              self.redis.logs_changes],
         )
@@ -130,8 +130,8 @@ class Executions(Facet):
     ) -> tuple[Script, list[str], list[Arg]]:
         """``finish.lua`` with its keys and arguments."""
         cfg = self.config
-        sk = self.keys.shard(shard)
-        return (self.redis.scripts.finish, [sk.job(job_id), sk.changes],
+        shard_keys = self.keys.shard(shard)
+        return (self.redis.scripts.finish, [shard_keys.job(job_id), shard_keys.changes],
                 [self.redis.now_arg(now_ms), owner, outcome, cfg.done_ttl_s * 1000, cfg.idempotency_ttl_s * 1000,
                  reason, job_id, self.redis.logs_changes])
 
@@ -146,10 +146,11 @@ class Executions(Facet):
         The outcome's code is OK, UNCHANGED (scheduled already), WRONG_STATE
         (cancelled or finished) or NOT_OWNER (running under another lease).
         """
-        sk = self.keys.shard(shard)
+        shard_keys = self.keys.shard(shard)
         code, state, due_ms = self.redis.run(
             self.redis.scripts.retry,
-            [sk.due, sk.buckets, sk.next, sk.inflight, sk.job(job_id), sk.released, sk.changes],
+            [shard_keys.due, shard_keys.buckets, shard_keys.next, shard_keys.inflight, shard_keys.job(job_id),
+             shard_keys.released, shard_keys.changes],
             [self.redis.now_arg(now_ms), job_id, due, self.config.bucket_ms, self.keys.wake, shard, retries,
              self.redis.now_arg(started_ms), owner, self.redis.logs_changes, *_flatten(fields)],
         )
@@ -160,9 +161,10 @@ class Executions(Facet):
         owner: str = "", started_ms: int | None = None, now_ms: int | None = None,
     ) -> Outcome:
         """Mark the job FAILED (``fail.lua``); its record expires after the record ttl."""
-        sk = self.keys.shard(shard)
+        shard_keys = self.keys.shard(shard)
         code, state = self.redis.run(
-            self.redis.scripts.fail, [sk.inflight, sk.job(job_id), sk.released, sk.changes],
+            self.redis.scripts.fail, [shard_keys.inflight, shard_keys.job(job_id), shard_keys.released,
+                                      shard_keys.changes],
             [self.redis.now_arg(now_ms), job_id, self.config.record_ttl_ms, self.redis.now_arg(started_ms), owner,
              self.redis.logs_changes, *_flatten(fields)],
         )
@@ -174,10 +176,12 @@ class Executions(Facet):
     ) -> Outcome:
         """Move the job to the dead-letter queue (``dead.lua``), trimmed by age and count."""
         cfg = self.config
-        sk = self.keys.shard(shard)
+        shard_keys = self.keys.shard(shard)
         code, state, dropped = self.redis.run(
-            self.redis.scripts.dead, [sk.job(job_id), sk.dlq, sk.inflight, sk.released, sk.changes],
-            [self.redis.now_arg(now_ms), job_id, sk.job_prefix, cfg.dlq_max_age_s * 1000, cfg.dlq_max_len_per_shard,
+            self.redis.scripts.dead, [shard_keys.job(job_id), shard_keys.dlq, shard_keys.inflight,
+                                      shard_keys.released, shard_keys.changes],
+            [self.redis.now_arg(now_ms), job_id, shard_keys.job_prefix, cfg.dlq_max_age_s * 1000,
+             cfg.dlq_max_len_per_shard,
              self.redis.now_arg(started_ms), owner, self.redis.logs_changes, *_flatten(fields)],
         )
         return Outcome(Reply(int(code)), str(state), dropped=int(dropped))

@@ -86,8 +86,8 @@ class Fleet(Facet):
         members = list(live)
         calls: list[tuple[Sequence[str], Sequence[Arg]]] = []
         for shard, arg in [(s, "") for s in wanted] + [(s, "1") for s in dropped]:
-            sk = self.keys.shard(shard)
-            calls.append(([sk.lease, sk.fence], ["", owner, arg, *([] if arg else members)]))
+            shard_keys = self.keys.shard(shard)
+            calls.append(([shard_keys.lease, shard_keys.fence], ["", owner, arg, *([] if arg else members)]))
         held: dict[int, str] = {}
         waits: dict[int, str] = {}
         replies = self.redis.run_many(self.redis.scripts.shard_lease, calls) if calls else []

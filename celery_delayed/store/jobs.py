@@ -184,17 +184,18 @@ class Jobs(Facet):
         hit = self._heads.get(key)
         if hit is not None and hit[0] is common:
             return hit[1], hit[2]
-        sk = self.keys.shard(shard)
+        shard_keys = self.keys.shard(shard)
         shared = [x for f in NEW_JOB_FIELDS if common.get(f) for x in (f, common[f])]
-        keys = [sk.due, sk.buckets, sk.next]
+        keys = [shard_keys.due, shard_keys.buckets, shard_keys.next]
         if tmpl is not None:  # compact jobs: their template's key, and what the index needs
-            keys.append(sk.template(tmpl.tid))
+            keys.append(shard_keys.template(tmpl.tid))
             route = tmpl.fields
             shared += ["~task", route.get(Field.TASK, ""), "~q", route.get(Field.QUEUE, ""),
                        "~keep", str(self.config.record_ttl_ms)]
             if not sent:
                 shared += ["~tpl", tmpl.text]
-        head: list[Arg] = [sk.job_prefix, self.config.bucket_ms, self.keys.wake, f"{shard}/{self.layout.shards}",
+        head: list[Arg] = [shard_keys.job_prefix, self.config.bucket_ms, self.keys.wake,
+                           f"{shard}/{self.layout.shards}",
                            len(shared) // 2, *shared, len(own), *own]
         if common and sent:  # (an empty mapping is a new one each time; an unsent template's call is sent once)
             if len(self._heads) >= 1024:
@@ -232,13 +233,13 @@ class Jobs(Facet):
         self, job: NewJob, mode: str, key: str, limit_ms: int | None, now_ms: int | None,
     ) -> Scheduled | None:
         shard = job.shard
-        sk = self.keys.shard(shard)
-        keys = [sk.due, sk.buckets, sk.next, sk.keyed(mode, key)]
+        shard_keys = self.keys.shard(shard)
+        keys = [shard_keys.due, shard_keys.buckets, shard_keys.next, shard_keys.keyed(mode, key)]
         pairs: list[str] = [x for f in NEW_JOB_FIELDS if job.fields.get(f) for x in (f, job.fields[f])]
         tmpl = job.template
         if tmpl is not None:
-            keys.append(sk.template(tmpl.tid))
-        head: list[Arg] = [self.redis.now_arg(now_ms), sk.job_prefix, self.config.bucket_ms, self.keys.wake,
+            keys.append(shard_keys.template(tmpl.tid))
+        head: list[Arg] = [self.redis.now_arg(now_ms), shard_keys.job_prefix, self.config.bucket_ms, self.keys.wake,
                            f"{shard}/{self.layout.shards}", mode,
                            "" if limit_ms is None else limit_ms, self.config.record_ttl_ms, job.id, job.due]
         send_tpl = tmpl is not None and (shard, tmpl.tid) not in self._templates_sent
@@ -285,9 +286,10 @@ class Jobs(Facet):
 
     def _cancel(self, job_id: str, shard: int | None, now_ms: int | None, running: bool) -> str:
         s = self.lookup.locate(job_id, shard)
-        sk = self.keys.shard(s)
+        shard_keys = self.keys.shard(s)
         code, state = self.redis.run_acked(
-            self.redis.scripts.cancel, [sk.due, sk.buckets, sk.inflight, sk.job(job_id), sk.released, sk.changes],
+            self.redis.scripts.cancel, [shard_keys.due, shard_keys.buckets, shard_keys.inflight,
+                                        shard_keys.job(job_id), shard_keys.released, shard_keys.changes],
             [self.redis.now_arg(now_ms), job_id, self.config.bucket_ms, self.config.record_ttl_ms,
              "1" if running else "", self.redis.logs_changes], f"cancelling job {job_id!r}",
         )
@@ -305,9 +307,10 @@ class Jobs(Facet):
 
     def _reschedule(self, job_id: str, due: str, shard: int | None, now_ms: int | None) -> int:
         s = self.lookup.locate(job_id, shard)
-        sk = self.keys.shard(s)
+        shard_keys = self.keys.shard(s)
         code, state, new_due = self.redis.run_acked(
-            self.redis.scripts.reschedule, [sk.due, sk.buckets, sk.next, sk.job(job_id), sk.changes],
+            self.redis.scripts.reschedule, [shard_keys.due, shard_keys.buckets, shard_keys.next,
+                                            shard_keys.job(job_id), shard_keys.changes],
             [self.redis.now_arg(now_ms), job_id, due, self.config.bucket_ms, self.keys.wake, s,
              self.redis.logs_changes, self.config.record_ttl_ms], f"rescheduling job {job_id!r}",
         )
@@ -346,9 +349,10 @@ class Jobs(Facet):
         return self.redis.run(self.redis.scripts.pause, *self._pause_call(shard, now_ms, args))
 
     def _pause_call(self, shard: int, now_ms: int | None, args: Sequence[Arg]) -> tuple[list[str], list[Arg]]:
-        sk = self.keys.shard(shard)
-        return ([sk.paused, sk.held, sk.due, sk.buckets, sk.next],
-                [self.redis.now_arg(now_ms), sk.job_prefix, self.config.bucket_ms, self.keys.wake, shard, *args])
+        shard_keys = self.keys.shard(shard)
+        return ([shard_keys.paused, shard_keys.held, shard_keys.due, shard_keys.buckets, shard_keys.next],
+                [self.redis.now_arg(now_ms), shard_keys.job_prefix, self.config.bucket_ms, self.keys.wake, shard,
+                 *args])
 
     def resume(self, flags: Sequence[str] = (), now_ms: int | None = None, batch: int = 1000) -> int:
         """Clear pause flags on every shard (none given: all of them) and put back the jobs they held (``pause.lua``).
@@ -403,10 +407,12 @@ class Jobs(Facet):
 
     def _promote(self, shard: int, now_ms: int | None, limit: int, mode: str, items: Sequence[str]) -> Any:
         """One shard's ``promote.lua`` call: ``items`` are job ids (``mode`` "ids") or index parts ("index")."""
-        sk = self.keys.shard(shard)
+        shard_keys = self.keys.shard(shard)
         return self.redis.run(
-            self.redis.scripts.promote, [sk.due, sk.buckets, sk.next, *self.redis.change_log(sk)],
-            [self.redis.now_arg(now_ms), sk.job_prefix, self.config.bucket_ms, self.keys.wake, shard, limit, mode,
+            self.redis.scripts.promote, [shard_keys.due, shard_keys.buckets, shard_keys.next,
+                                         *self.redis.change_log(shard_keys)],
+            [self.redis.now_arg(now_ms), shard_keys.job_prefix, self.config.bucket_ms, self.keys.wake, shard, limit,
+             mode,
              *items],
         )
 
@@ -444,11 +450,13 @@ class Jobs(Facet):
         out: list[str] = []
         for s in self.layout.shard_range():
             parts = self.index_parts(s, task, queue)
-            sk = self.keys.shard(s)
+            shard_keys = self.keys.shard(s)
             while parts:
                 ids = [str(i) for i in self.redis.run(
-                    self.redis.scripts.cancel_matching, [sk.due, sk.buckets, *self.redis.change_log(sk)],
-                    [self.redis.now_arg(now_ms), sk.job_prefix, self.config.bucket_ms, self.config.record_ttl_ms, lo,
+                    self.redis.scripts.cancel_matching, [shard_keys.due, shard_keys.buckets,
+                                                         *self.redis.change_log(shard_keys)],
+                    [self.redis.now_arg(now_ms), shard_keys.job_prefix, self.config.bucket_ms,
+                     self.config.record_ttl_ms, lo,
                      hi, batch, *parts],
                 )]
                 out += ids

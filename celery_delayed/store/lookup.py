@@ -143,10 +143,10 @@ class Lookup(Facet):
         A compact record comes back as a full one (its routing fields and its
         rendered message): what a database row keeps.
         """
-        sk = self.keys.shard(shard)
+        shard_keys = self.keys.shard(shard)
         pipe = self.redis.client.pipeline(transaction=False)
         for job_id in ids:
-            pipe.hgetall(sk.job(job_id))
+            pipe.hgetall(shard_keys.job(job_id))
         out = {j: {str(k): str(v) for k, v in rec.items()} for j, rec in zip(ids, pipe.execute(), strict=True)}
         for job_id, rec in out.items():
             if Field.MESSAGE not in rec and "b" in rec and Field.TEMPLATE in rec:
@@ -166,10 +166,10 @@ class Lookup(Facet):
 
     def field_of(self, shard: int, ids: Sequence[str], name: str) -> dict[str, str | None]:
         """One field of each job's record in one shard (None: absent), one round trip."""
-        sk = self.keys.shard(shard)
+        shard_keys = self.keys.shard(shard)
         pipe = self.redis.client.pipeline(transaction=False)
         for job_id in ids:
-            pipe.hget(sk.job(job_id), name)
+            pipe.hget(shard_keys.job(job_id), name)
         return {j: (None if v is None else str(v)) for j, v in zip(ids, pipe.execute(), strict=True)}
 
     def scheduled_pages(self, shard: int, size: int = 1000) -> Iterator[list[str]]:

@@ -45,10 +45,12 @@ class Moves(Facet):
 
         Returns (id, pttl, fields) per job; a pttl of -3: released or running, left where it is.
         """
-        sk = self.keys.shard(shard)
+        shard_keys = self.keys.shard(shard)
         reply: list[Any] = self.redis.run(
-            self.redis.scripts.move_out, [sk.due, sk.buckets, sk.dlq, sk.held, sk.moving],
-            [self.redis.now_arg(None), sk.job_prefix, self.config.bucket_ms, *(x for triple in take for x in triple)])
+            self.redis.scripts.move_out, [shard_keys.due, shard_keys.buckets, shard_keys.dlq, shard_keys.held,
+                                          shard_keys.moving],
+            [self.redis.now_arg(None), shard_keys.job_prefix, self.config.bucket_ms,
+             *(x for triple in take for x in triple)])
         return reply
 
     def move_in(self, calls: list[tuple[list[str], list[Any]]]) -> None:
@@ -71,10 +73,10 @@ class JobMover:
 
     def move_batch(self, shard: int, ids: list[str], new: int) -> int:
         """Move the jobs of ``ids`` (records of ``shard``) whose home under ``new`` is elsewhere."""
-        sk = self.keys.shard(shard)
+        shard_keys = self.keys.shard(shard)
         pipe = self.client.pipeline(transaction=False)
         for job_id in ids:
-            pipe.hmget(sk.job(job_id), Field.SHARD_KEY, Field.TASK, Field.QUEUE, Field.TEMPLATE, Field.STATE)
+            pipe.hmget(shard_keys.job(job_id), Field.SHARD_KEY, Field.TASK, Field.QUEUE, Field.TEMPLATE, Field.STATE)
         take: list[tuple[str, str, str]] = []
         homes: dict[str, int] = {}
         for job_id, (skey, task, queue, tid, state) in zip(ids, pipe.execute(), strict=True):
@@ -114,9 +116,9 @@ class JobMover:
         done = [job_id for ids_ in moved.values() for job_id in ids_]
         pipe = self.client.pipeline(transaction=False)
         for job_id in done:
-            pipe.delete(sk.job(job_id))
+            pipe.delete(shard_keys.job(job_id))
         if done:
-            pipe.srem(sk.moving, *done)
+            pipe.srem(shard_keys.moving, *done)
         pipe.execute()
         self.counts.moved_jobs += len(done)
         for home, ids_ in moved.items():

@@ -76,8 +76,9 @@ from .compact import FIELDS as COMPACT_FIELDS
 from .compact import Template, fast_uuid4, render
 
 #: Record fields a new job may carry, in the order schedule.lua receives them.
-NEW_JOB_FIELDS = ("task", "q", "ex", "rk", "msg", "lk", "bx", "ps", "ev", "sk", "ik", "exp", "ml", "mf", "gen", "ob",
-                  *COMPACT_FIELDS)
+NEW_JOB_FIELDS = (Field.TASK, Field.QUEUE, Field.EXCHANGE, Field.ROUTING_KEY, Field.MESSAGE, Field.LIST_KEY,
+                  Field.BINDINGS, Field.PRIORITY_SUFFIX, Field.SENT_EVENT, Field.SHARD_KEY, Field.IDEMPOTENCY_KEY,
+                  Field.EXPIRES, Field.MAX_LATENESS, Field.MISFIRE, Field.GENERATION, Field.OUTBOX, *COMPACT_FIELDS)
 
 
 @dataclass(frozen=True)

@@ -47,11 +47,12 @@ class Releases(Facet):
             LeaseLost: ``owner`` does not hold the shard's lease with ``fence``.
         """
         self.layout.check()
-        sk = self.keys.shard(shard)
+        shard_keys = self.keys.shard(shard)
         cfg, broker = self.config, self.broker
         reply = self.redis.run(
-            self.redis.scripts.release_due, [sk.due, sk.buckets, sk.next, sk.lease, sk.dlq, sk.released, sk.changes],
-            [self.redis.now_arg(now_ms), sk.job_prefix, limit or cfg.batch_size, cfg.bucket_ms, owner, fence,
+            self.redis.scripts.release_due, [shard_keys.due, shard_keys.buckets, shard_keys.next, shard_keys.lease,
+                                             shard_keys.dlq, shard_keys.released, shard_keys.changes],
+            [self.redis.now_arg(now_ms), shard_keys.job_prefix, limit or cfg.batch_size, cfg.bucket_ms, owner, fence,
              cfg.record_ttl_ms, broker.global_keyprefix, broker.deadletter_queue, cfg.dlq_max_age_s * 1000,
              cfg.dlq_max_len_per_shard, self.redis.logs_changes, lookahead_ms],
         )
@@ -75,11 +76,12 @@ class Releases(Facet):
             LeaseLost: ``owner`` does not hold the shard's lease with ``fence``.
         """
         self.layout.check()
-        sk = self.keys.shard(shard)
+        shard_keys = self.keys.shard(shard)
         cfg = self.config
         reply = self.redis.run(
-            self.redis.scripts.claim_due, [sk.due, sk.buckets, sk.next, sk.lease, sk.inflight, sk.dlq, sk.changes],
-            [self.redis.now_arg(now_ms), sk.job_prefix, limit or cfg.batch_size, cfg.bucket_ms, owner, fence,
+            self.redis.scripts.claim_due, [shard_keys.due, shard_keys.buckets, shard_keys.next, shard_keys.lease,
+                                           shard_keys.inflight, shard_keys.dlq, shard_keys.changes],
+            [self.redis.now_arg(now_ms), shard_keys.job_prefix, limit or cfg.batch_size, cfg.bucket_ms, owner, fence,
              cfg.claim_lease_ms, cfg.record_ttl_ms, cfg.dlq_max_age_s * 1000, cfg.dlq_max_len_per_shard,
              self.redis.logs_changes, lookahead_ms],
         )
@@ -105,10 +107,11 @@ class Releases(Facet):
         ids = list(ids)
         if not ids:
             return 0
-        sk = self.keys.shard(shard)
+        shard_keys = self.keys.shard(shard)
         return int(self.redis.run(
-            self.redis.scripts.ack_claimed, [sk.inflight, sk.released, sk.changes],
-            [self.redis.now_arg(now_ms), sk.job_prefix, self.config.record_ttl_ms, self.redis.logs_changes, *ids],
+            self.redis.scripts.ack_claimed, [shard_keys.inflight, shard_keys.released, shard_keys.changes],
+            [self.redis.now_arg(now_ms), shard_keys.job_prefix, self.config.record_ttl_ms, self.redis.logs_changes,
+             *ids],
         ))
 
     def refuse_claimed(
@@ -125,10 +128,12 @@ class Releases(Facet):
         if not refused:
             return []
         cfg = self.config
-        sk = self.keys.shard(shard)
+        shard_keys = self.keys.shard(shard)
         reply = self.redis.run(
-            self.redis.scripts.refuse_claimed, [sk.due, sk.buckets, sk.next, sk.inflight, sk.dlq, sk.changes],
-            [self.redis.now_arg(now_ms), sk.job_prefix, cfg.bucket_ms, self.keys.wake, shard, cfg.publish_max_refusals,
+            self.redis.scripts.refuse_claimed, [shard_keys.due, shard_keys.buckets, shard_keys.next,
+                                                shard_keys.inflight, shard_keys.dlq, shard_keys.changes],
+            [self.redis.now_arg(now_ms), shard_keys.job_prefix, cfg.bucket_ms, self.keys.wake, shard,
+             cfg.publish_max_refusals,
              _REFUSED_DELAY_MS, cfg.claim_lease_ms, cfg.dlq_max_age_s * 1000, cfg.dlq_max_len_per_shard,
              self.redis.logs_changes,
              *(x for job_id, why, counts in refused for x in (job_id, why, "1" if counts else ""))],
@@ -162,14 +167,14 @@ class Releases(Facet):
         """
         if not ids:
             return []
-        sk = self.keys.shard(shard)
+        shard_keys = self.keys.shard(shard)
         b = self.broker
-        keys = [sk.released, sk.due, sk.buckets, sk.next, sk.changes]
+        keys = [shard_keys.released, shard_keys.due, shard_keys.buckets, shard_keys.next, shard_keys.changes]
         if b.direct:
             keys += [b.unacked_hash, b.unacked_index]
         reply = self.redis.run(
             self.redis.scripts.rerelease, keys,
-            [self.redis.now_arg(now_ms), sk.job_prefix, "direct" if b.direct else "publish", max_copies,
+            [self.redis.now_arg(now_ms), shard_keys.job_prefix, "direct" if b.direct else "publish", max_copies,
              b.global_keyprefix, b.deadletter_queue, self.config.key_prefix, self.config.bucket_ms, self.keys.wake,
              shard, self.redis.logs_changes, int(self.config.requeue_after_s * 1000), *ids],
         )

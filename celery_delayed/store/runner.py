@@ -117,9 +117,9 @@ class Runner:
         """ARGV of the scripts that change a job: '1' when a database mirrors the store (the change log)."""
         return "1" if self.config.database_url else ""
 
-    def change_log(self, sk: ShardKeys) -> list[str]:
+    def change_log(self, shard_keys: ShardKeys) -> list[str]:
         """KEYS of the scripts whose change log is optional: the shard's, when a database mirrors the store."""
-        return [sk.changes] if self.config.database_url else []
+        return [shard_keys.changes] if self.config.database_url else []
 
     @property
     def client(self) -> redis.Redis:

@@ -75,8 +75,8 @@ class ScheduleRecords(Facet):
 
     def _keys(self, name: str) -> tuple[int, list[str]]:
         s = self.shard_of(name)
-        sk = self.keys.shard(s)
-        return s, [sk.schedule(name), sk.schedules, sk.occurrences(name)]
+        shard_keys = self.keys.shard(s)
+        return s, [shard_keys.schedule(name), shard_keys.schedules, shard_keys.occurrences(name)]
 
     def _on_shard(self, name: str, call: Callable[[int, list[str]], Any]) -> Any:
         """``call(shard, keys)`` on the schedule's shard, again while a reshard moves it.
@@ -149,13 +149,14 @@ class ScheduleRecords(Facet):
         Raises:
             LeaseLost: the caller does not hold the shard's lease.
         """
-        sk = self.keys.shard(sched.shard)
+        shard_keys = self.keys.shard(sched.shard)
         args: list[Arg] = [self.redis.now_arg(now_ms), owner, fence, str(sched.version), sched.last_raw,
                            str(new_last_ms), KEEP_OCCURRENCES]
         for job_id, fire in occurrences:
             args += [job_id, str(fire)]
         (code,) = self.redis.run(self.redis.scripts.advance_schedule,
-                                 [sk.schedule(sched.name), sk.occurrences(sched.name), sk.lease], args)
+                                 [shard_keys.schedule(sched.name), shard_keys.occurrences(sched.name),
+                                  shard_keys.lease], args)
         if code == Reply.NOT_OWNER:
             raise LeaseLost(f"cannot advance schedule {sched.name!r}: shard {sched.shard}'s lease is not held")
         return int(code) == Reply.OK

@@ -22,10 +22,10 @@ from .paging import PAGE, check_page
 
 
 def _due_keys(store: Store, shard: int) -> list[str]:
-    sk = store.keys.shard(shard)
+    shard_keys = store.keys.shard(shard)
     if store.config.bucket_ms <= 0:
-        return [sk.due]
-    return [str(k) for k in store.redis.client.zrange(sk.buckets, 0, -1)]
+        return [shard_keys.due]
+    return [str(k) for k in store.redis.client.zrange(shard_keys.buckets, 0, -1)]
 
 
 @translate_errors
@@ -190,7 +190,7 @@ class Pending:
                 continue
             if len(out) < limit:
                 out.append({"id": jid, "shard": s, "due": due, "task": tname or "", "queue": q or "",
-                            "st": st or ""})
+                            Field.STATE: st or ""})
         return skipped
 
     def _shard_stream(self, shard: int, key: str) -> Iterator[tuple[int, int, str]]:
@@ -220,11 +220,11 @@ class Pending:
         store = self.store
         keys: list[tuple[int, str]] = []
         for s in store.layout.shard_range():
-            sk = store.keys.shard(s)
+            shard_keys = store.keys.shard(s)
             if task is not None or queue is not None:
-                keys += [(s, sk.index(p)) for p in store.jobs.index_parts(s, task, queue)]
+                keys += [(s, shard_keys.index(p)) for p in store.jobs.index_parts(s, task, queue)]
             else:
-                keys += [(s, k) for k in _due_keys(store, s)] + [(s, sk.held)]
+                keys += [(s, k) for k in _due_keys(store, s)] + [(s, shard_keys.held)]
         rank: int | None = None
         if after is not None:
             found: Any = store.redis.client.zrank(after[1], after[2])
@@ -250,7 +250,7 @@ class Pending:
         rows = []
         for (due, _, jid, s), (tname, q, st, ik, created, tp) in zip(entries, pipe.execute(), strict=True):
             tname, q = store.lookup.route_of(s, tname, q, tp)
-            rows.append({"id": jid, "shard": s, "due": due, "task": tname or "", "queue": q or "", "st": st or "",
-                         "ik": ik or "", "created": int(float(created)) if created else None})
+            rows.append({"id": jid, "shard": s, "due": due, "task": tname or "", "queue": q or "",
+                         Field.STATE: st or "", "ik": ik or "", "created": int(float(created)) if created else None})
         nxt = (entries[-1][0], entries[-1][1], entries[-1][2]) if len(entries) == limit else None
         return rows, nxt

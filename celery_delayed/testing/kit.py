@@ -46,6 +46,7 @@ from kombu.serialization import loads
 from ..config import DelayedConfig, get_config, set_config
 from ..errors import ConfigurationError
 from ..store import Pending, Store, set_store
+from ..vocab import Field
 from ..worker.tracking import track_plain_tasks
 
 if TYPE_CHECKING:  # imported when first used: the kit needs the scheduler only for recurring schedules
@@ -229,7 +230,7 @@ class DelayedTestKit:
             args, kwargs = _arguments(msg)[:2] if msg is not None else ([], {})
             out.append(ScheduledJob(str(row["id"]), str(row["task"]), args, kwargs,
                                     datetime.fromtimestamp(int(row["due"]) / 1000, timezone.utc),
-                                    str(row["queue"]), str(row["st"])))
+                                    str(row["queue"]), str(row[Field.STATE])))
         return out
 
     def _matching(self, task: Any, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None,
@@ -358,14 +359,14 @@ class DelayedTestKit:
             exc = cause  # Celery's Retry: the exception that caused it
         rec = self.store.lookup.records(shard, [jid]).get(jid) or {}
         return RanJob(jid, name, args, kwargs, state, retval if info is None else None,
-                      exc if isinstance(exc, BaseException) else None, str(rec.get("st", "")))
+                      exc if isinstance(exc, BaseException) else None, str(rec.get(Field.STATE, "")))
 
     # -- conveniences --------------------------------------------------------------------
 
     def job_state(self, job_id: str) -> str | None:
         """The state of a job's record (None: no record)."""
         try:
-            return str(self.store.lookup.get(job_id).get("st"))
+            return str(self.store.lookup.get(job_id).get(Field.STATE))
         except LookupError:
             return None
 

@@ -188,7 +188,7 @@ def pending(rows: list[dict[str, Any]], now_ms: int, task: str | None, queue: st
     trs = "".join(
         f'<tr><td class=mono><a href="{e(jpath(r["id"]))}">{e(r["id"])}</a></td><td class=mono>{e(when(r["due"]))}'
         f'</td><td>{e(ago(r["due"], now_ms))}</td><td>{e(r["task"])}</td><td>{e(r["queue"])}</td>'
-        f'<td>{state(r["st"])}</td><td class=mono>{e(r["ik"])}</td><td class=num>{r["shard"]}</td></tr>'
+        f'<td>{state(r[Field.STATE])}</td><td class=mono>{e(r["ik"])}</td><td class=num>{r["shard"]}</td></tr>'
         for r in rows)
     pager = '<div class="pager">' + (f'<a href="{e(first_link)}">first page</a>' if first_link else "") \
         + (f'<a id="next-page" href="{e(next_link)}">next page</a>' if next_link else "") + "</div>"
