@@ -217,7 +217,7 @@ def _consumer_timeout(app: Celery, amqp_url: str, api_url: str | None, timeout_s
         f"RabbitMQ {version}: consumer_timeout per queue: {per_queue}; otherwise the node's consumer_timeout "
         f"(rabbitmq.conf, {RABBITMQ_DEFAULT_CONSUMER_TIMEOUT_MS} ms unless changed; the management API does not "
         "show it). Delayed jobs wait in the store, not in workers, so only a task that runs longer than it "
-        "(acks_late) has its channel closed and is delivered again (the ledger drops the copy)",
+        "(acks_late) has its channel closed and is delivered again (the execution record drops the copy)",
         "raise consumer_timeout above your longest task when tasks use acks_late")
 
 

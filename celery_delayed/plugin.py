@@ -16,7 +16,7 @@ Importing ``celery_delayed`` changes nothing. Two explicit seams:
   ``delayed`` sub-command (the ``celery.commands`` entry point,
   ``celery_delayed.cli``): it adds ``--delayed`` to ``celery worker``,
   installs every app that ``celery`` loads, so workers and schedulers need no
-  code change, gives every task of a worker the store's ledger for the
+  code change, gives every task of a worker the store's execution record for the
   messages released from the store (:mod:`celery_delayed.worker.tracking`:
   a plain task's start and finish are recorded, a cancelled one is skipped),
   and applies a guarded workaround for a kombu 5.7 crash in worker processes

@@ -9,7 +9,7 @@ One pass (``celery -A proj delayed reconcile``, or inside the scheduler every
    worker (kombu's unacked set, on the direct path) or waiting in its queue
    (the queue's oldest message was released no earlier than this job's, or,
    on the publish path, the queue reports messages). At most
-   :data:`MAX_COPIES` copies per job; the execution ledger makes any
+   :data:`MAX_COPIES` copies per job; the execution record makes any
    surviving copy harmless. A lost message runs late, once.
 2. **Rows Redis lost** (with a database). A row that is SCHEDULED, CLAIMED or
    QUEUED but has no record in Redis is indexed again from the row (a

@@ -19,7 +19,7 @@ Returns {code, state, attempt, lease_until, why}:
   OK           run: lease taken, state RUNNING; attempt = this execution's
                number (1 = first); lease_until = the lease deadline, epoch ms
   NOT_FOUND    no record (sent with apply_async, or its record expired): run
-               without the ledger
+               without the execution record
   BUSY         RUNNING under another execution's live lease (lease_until = its
                deadline): do not run now
   WRONG_STATE  do not run; state says why: CANCELLED (announce it as revoked),

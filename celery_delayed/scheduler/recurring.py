@@ -164,7 +164,7 @@ class Recurrer:
 
         Looked at each tick for the occurrences due within the look-ahead and
         one second: when the record of one of the ``OVERLAP_LOOKBACK``
-        occurrences before it (the execution ledger) says QUEUED, CLAIMED or
+        occurrences before it (the execution record) says QUEUED, CLAIMED or
         RUNNING, it would overlap that one. Returns the ids cancelled.
         """
         occ = self.records.occurrences(sched.name)

@@ -1,4 +1,4 @@
-"""The worker's side: the execution ledger of each job (start, lease, finish) and how an attempt ends.
+"""The worker's side: the execution record of each job (start, lease, finish) and how an attempt ends.
 
 :meth:`Executions.start` takes a job's execution lease before its task runs;
 :meth:`Executions.finish` records the outcome of an attempt that succeeded;

@@ -1,4 +1,4 @@
-"""A thread's own connection: the execution ledger's writes sent at once, their replies read later.
+"""A thread's own connection: the execution record's writes sent at once, their replies read later.
 
 A worker records two things per job: ``start.lua`` before the body runs (its
 reply decides whether the body runs, so the worker waits for it) and

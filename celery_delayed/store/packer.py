@@ -3,7 +3,7 @@
 redis-py's hiredis serializer runs every argument through Python first (a
 generator step and an ``Encoder.encode`` call each, ~0.3 µs an argument)
 before ``hiredis.pack_command`` packs them. The store's commands are mostly
-scripts with many arguments: a ledger call (``start.lua``, ``finish.lua``)
+scripts with many arguments: a execution record call (``start.lua``, ``finish.lua``)
 has 13, a one-job ``schedule.lua`` 28, so that pass was ~7 µs of each call.
 hiredis itself encodes ``str`` (UTF-8), ``bytes``, ``memoryview``, ``int``
 and ``float`` (``repr``'s digits), the same bytes redis-py sends, so

@@ -192,12 +192,12 @@ class Started:
 
     @property
     def run(self) -> bool:
-        """The delivery runs under the ledger."""
+        """The delivery runs under the execution record."""
         return self.code == Reply.OK
 
     @property
     def untracked(self) -> bool:
-        """The job has no record: the delivery runs without the ledger."""
+        """The job has no record: the delivery runs without the execution record."""
         return self.code == Reply.NOT_FOUND
 
     @property

@@ -28,7 +28,7 @@ COUNTERS = {
     "dead": "jobs dead-lettered (out of attempts, misfire policy 'dead', refused by the broker)",
     "expired": "due jobs not sent because their expires had passed",
     "skipped": "due jobs not sent because of misfire policy 'skip'",
-    "duplicates": "deliveries the worker-side ledger dropped (done already, superseded, finished)",
+    "duplicates": "deliveries the worker-side execution record dropped (done already, superseded, finished)",
     "started": "executions begun by the worker side (takeovers included)",
     "succeeded": "executions that succeeded",
     "failed": "executions that failed for good (not retried, not dead-lettered)",

@@ -16,7 +16,7 @@ jobs in-process as a worker would::
 
 A job runs through Celery's own tracer with the request a worker would
 build from its message (not eagerly): ``DelayedTask``'s worker side works as
-in production (the execution ledger, cancellation, ``retry``/``retry_later``
+in production (the execution record, cancellation, ``retry``/``retry_later``
 and backoff through the store, the dead-letter queue), so a retry is a
 scheduled job again, due by the kit's clock. The pytest plugin
 (:mod:`celery_delayed.testing.plugin`) wraps this class in fixtures; a

@@ -1,4 +1,4 @@
-"""The execution ledger of the worker side: one execution of a job at a time.
+"""The execution record of the worker side: one execution of a job at a time.
 
 ``start.lua`` (:meth:`Store.start <celery_delayed.store.Store.start>`)
 re-reads the job's record just before the body runs and takes its execution

@@ -17,7 +17,7 @@ tags it could not restore are kept, and a thread restores them with kombu's
 own ``restore_by_tag`` (atomic: a message restored or acknowledged meanwhile
 is left alone) on a new connection of the worker's app, as soon as the broker
 answers again. A restored message is redelivered; one whose job already
-started is dropped at start by the execution ledger.
+started is dropped at start by the execution record.
 """
 
 from __future__ import annotations

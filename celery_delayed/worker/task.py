@@ -7,7 +7,7 @@ header) and decides, atomically:
 ==========================  ==============================================
 record                      this delivery
 ==========================  ==============================================
-none (plain ``apply_async``  runs, without the ledger
+none (plain ``apply_async``  runs, without the execution record
 or an expired record)
 CANCELLED                   skipped and acknowledged, announced as revoked
                             exactly as Celery's own revoke does: a
@@ -102,7 +102,7 @@ class DelayedTask(Task):  # type: ignore[misc]
     """
 
     abstract = True
-    #: Its ``__call__`` runs the ledger itself (``tracking.track_plain_tasks`` leaves it alone).
+    #: Its ``__call__`` runs the execution record itself (``tracking.track_plain_tasks`` leaves it alone).
     delayed_tracks_itself = True
     #: Seconds a job may be released after its due time before ``misfire`` applies (None: no limit).
     max_lateness: float | None = None
@@ -183,7 +183,7 @@ class DelayedTask(Task):  # type: ignore[misc]
         return not (req.called_directly or req.is_eager) and bool(req.id)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Run the body under the job's ledger (see the module docstring and :mod:`.tracking`)."""
+        """Run the body under the job's execution record (see the module docstring and :mod:`.tracking`)."""
         if not self._delayed_in_worker():
             return super().__call__(*args, **kwargs)
         return run_tracked(self, super().__call__, args, kwargs, on_failure=self.delayed_handle_failure)

@@ -1,4 +1,4 @@
-"""Running a released job under its ledger: the part of the worker side every task shares.
+"""Running a released job under its execution record: the part of the worker side every task shares.
 
 :func:`run_tracked` is what ``DelayedTask.__call__`` does, and what every
 other task does when its message came from the store (it names its shard):
@@ -50,7 +50,7 @@ def from_store(request: Any) -> bool:
 
 
 def run_tracked(task: Task, body: Body, args: Any, kwargs: Any, on_failure: OnFailure | None = None) -> Any:
-    """Run ``body(*args, **kwargs)`` for the job ``task.request`` delivers, under the job's ledger.
+    """Run ``body(*args, **kwargs)`` for the job ``task.request`` delivers, under the job's execution record.
 
     ``on_failure(exc, einfo)`` (DelayedTask's retry / dead-letter / fail)
     runs when the body raises; without it a failure is recorded as FAILED.
@@ -108,7 +108,7 @@ def _store_down(task: Task, exc: StoreUnavailable, body: Body, args: Any, kwargs
         logger.error("Store unavailable, requeueing %s[%s]: %s", task.name, task.request.id, exc)
         time.sleep(1.0)
         raise Reject(exc, requeue=True)
-    logger.error("Store unavailable, running %s[%s] without the ledger: %s", task.name, task.request.id, exc)
+    logger.error("Store unavailable, running %s[%s] without the execution record: %s", task.name, task.request.id, exc)
     return body(*args, **kwargs)
 
 
@@ -198,7 +198,7 @@ def _tracked_call(call: Body) -> Body:
 
 
 def track_plain_tasks(app: Celery) -> int:
-    """Give every task of ``app`` that is not a ``DelayedTask`` the store's ledger for store messages.
+    """Give every task of ``app`` that is not a ``DelayedTask`` the store's execution record for store messages.
 
     Returns how many task classes it changed (idempotent).
     """

@@ -56,7 +56,7 @@ def test_a_task_sees_the_eta_it_was_scheduled_with(redis_url, uid, workers, rcli
     conf = {**CONF, "delayed_intercept_min_delay_s": 0.5}
     app = _app(redis_url, uid, **conf)
     plain = _stub(app, "fd.plain")
-    _stub(app, "fd.ledger", DelayedTask)
+    _stub(app, "fd.tracked", DelayedTask)
     prefix, queue = app.conf.delayed_key_prefix, app.conf.task_default_queue
     store = get_store(app)
     workers.append(w := WorkerProcess(redis_url, prefix, queue, conf=conf, concurrency=2, pool="threads"))
@@ -67,8 +67,8 @@ def test_a_task_sees_the_eta_it_was_scheduled_with(redis_url, uid, workers, rcli
     exact2 = (now + timedelta(seconds=3.4)).replace(microsecond=654321)
     by_countdown = plain.apply_async(args=(1,), countdown=3)           # intercepted: stored
     by_eta = plain.apply_async(args=(2,), eta=exact)                      # intercepted: stored
-    later = apply_later(app, "fd.ledger", (3,), when=exact2)             # a DelayedTask, apply_later
-    moved = apply_later(app, "fd.ledger", (4,), when=3600)
+    later = apply_later(app, "fd.tracked", (3,), when=exact2)             # a DelayedTask, apply_later
+    moved = apply_later(app, "fd.tracked", (4,), when=3600)
     moved_due = moved.reschedule(timedelta(seconds=3))                  # the header follows the new due time
     short = plain.apply_async(args=(5,), countdown=0.2)                   # under the minimum: Celery's ETA message
     now_ = plain.apply_async(args=(6,))                                   # no delay: no eta

@@ -69,7 +69,7 @@ def test_plain_apply_async_and_retry_are_stored_not_sent(redis_url, uid, workers
     ids = [h.id, h_eta.id, h_name.id, short.id]
     wait_for(lambda: all(runs(rclient, prefix, i) for i in ids), 30, what="the four runs")
     assert runs(rclient, prefix, h.id)[0][1] - t0 >= 1.5
-    # released by the scheduler, then run under the ledger: plain tasks from the store are tracked too
+    # released by the scheduler, then run under the execution record: plain tasks from the store are tracked too
     wait_for(lambda: store.lookup.get(h.id)["st"] == "SUCCEEDED", 10, what="the plain task's finish to be recorded")
     # Task.retry(countdown=) inside a plain task: the retry is stored, not an ETA message
     r = retrying.apply_async(args=(1.2,))  # no delay: sent to the broker directly

@@ -1,6 +1,6 @@
 """Look-ahead release (``delayed_lookahead_ms``): a job goes to its queue shortly before it is due,
 with Celery's ``eta`` set to its due time, so the worker holds it and runs it on time, never early;
-a cancel after the early release still wins (the ledger checks at start)."""
+a cancel after the early release still wins (the execution record checks at start)."""
 
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ def test_a_plain_task_from_the_store_is_tracked(redis_url, uid, rclient, workers
     plain = app.send_task("e2e.plain", args=(3,), queue=queue)  # not from the store: runs as ever
     w = WorkerProcess(redis_url, prefix, queue, concurrency=2)
     workers.append(w)
-    wait_for(lambda: runs.job_state == "SUCCEEDED", 30, what="the plain task to run under the ledger")
+    wait_for(lambda: runs.job_state == "SUCCEEDED", 30, what="the plain task to run under the execution record")
     wait_for(lambda: plain.id in ran(rclient, prefix), 30, what="the apply_async task")
     wait_for(lambda: "Discarding cancelled job e2e.plain" in w.output(), 20, what="the cancelled one skipped")
     rec = runs.job()

@@ -2,7 +2,7 @@
 
 Exactly-once enqueue (the direct path) is counted where it is promised: the
 messages on the queue, with no worker consuming them, each job id once; then
-a worker runs them with a plain task (``e2e.plain``, no ledger that could
+a worker runs them with a plain task (``e2e.plain``, no execution record that could
 hide a duplicate) and logs one delivery per job.
 """
 

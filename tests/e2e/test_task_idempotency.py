@@ -1,4 +1,4 @@
-"""Idempotency: one job per idempotency key, the run-time ledger (execution lease, done marker)."""
+"""Idempotency: one job per idempotency key, the run-time execution record (execution lease, done marker)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def _release_all(app) -> int:
     return sum(store.release.release_due(s).count for s in range(store.config.shards))
 
 
-def test_ledger_lease_takeover_and_done_marker(redis_url, uid, rclient):
+def test_execution_lease_takeover_and_done_marker(redis_url, uid, rclient):
     app = make_app(redis_url, uid, delayed_exec_lease_ms=1000, delayed_done_ttl_s=60)
     h = apply_later(app, "e2e.mark", when=0, strict=False)
     assert _release_all(app) == 1
@@ -216,7 +216,8 @@ def test_store_down_at_start_requeues_then_runs_once_it_is_back(redis_url, uid, 
 @pytest.mark.e2e
 @pytest.mark.timeout(60)
 def test_a_worker_with_another_key_prefix_finds_the_jobs_store_and_says_so(redis_url, uid, rclient, workers):
-    """The message names its store: a worker configured with another delayed_key_prefix still keeps the ledger."""
+    """The message names its store: a worker configured with another delayed_key_prefix still keeps the execution
+    record."""
     producer = make_app(redis_url, uid)
     producer.conf.delayed_key_prefix = f"other{uid}"
     queue = producer.conf.task_default_queue
@@ -224,6 +225,6 @@ def test_a_worker_with_another_key_prefix_finds_the_jobs_store_and_says_so(redis
     assert _release_all(producer) == 1
     w = WorkerProcess(redis_url, f"t{uid}", queue, concurrency=1)  # its app's prefix: t<uid>
     workers.append(w)
-    wait_for(lambda: h.job_state == "SUCCEEDED", 30, what="the job to run under its own store's ledger")
+    wait_for(lambda: h.job_state == "SUCCEEDED", 30, what="the job to run under its own store's execution record")
     assert f"names the celery-delayed store with prefix 'other{uid}'" in w.output()
     assert ran(rclient, f"t{uid}") == [h.id]

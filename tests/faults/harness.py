@@ -226,7 +226,7 @@ class FaultRun:
     def deliveries(self) -> collections.Counter[str]:
         """Messages of ``fault.run`` that reached a worker, per job id (from the workers' logs).
 
-        Counted before the worker-side ledger can drop a duplicate, so this is
+        Counted before the worker-side execution record can drop a duplicate, so this is
         the measure of "enqueued twice".
         """
         out: collections.Counter[str] = collections.Counter()

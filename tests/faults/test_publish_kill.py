@@ -1,6 +1,6 @@
 """Scenario 2: the publish path on RabbitMQ. Schedulers SIGKILL themselves after publishing a batch
 and before acknowledging it (a test hook makes the window deterministic); their claims expire,
-the jobs are claimed and published again: 0 lost, and the worker-side ledger drops the duplicates."""
+the jobs are claimed and published again: 0 lost, and the worker-side execution record drops the duplicates."""
 
 from __future__ import annotations
 

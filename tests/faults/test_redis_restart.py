@@ -8,7 +8,7 @@ What is promised (docs/guarantees-faults.md), and asserted:
   window (about a second).
 - The Redis broker (kombu) can lose the message a ``BRPOP`` took at the instant the server
   stopped: at most one per consuming worker (one here).
-- A job runs twice only when its first run overlapped the outage, so that the ledger could
+- A job runs twice only when its first run overlapped the outage, so that the execution record could
   not record its finish (or, SIGKILL, the record of it went with the fsync window).
 - Every job that did not run is classified (lost by the store, lost by the broker); none is
   left deliverable once the wait is over.

@@ -1,6 +1,6 @@
 """Scenario 1: 4 schedulers on one store; SIGKILL one at random every ~0.5 s (and restart it)
 while 20,000 jobs come due over 10 s. Direct path: 0 lost, 0 enqueued twice (counted from the
-workers' "received" lines, before the ledger), and a job is released late by at most the time
+workers' "received" lines, before the execution record), and a job is released late by at most the time
 its shard had no live holder: one membership lease plus a heartbeat period after a kill."""
 
 from __future__ import annotations

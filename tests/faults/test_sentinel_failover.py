@@ -8,13 +8,13 @@ the direct path: the whole deployment fails over). Two producer threads schedule
 the store could not take is retried with the same ``task_id`` until it is
 acknowledged: ``DuplicateJob`` on a retry means the first attempt was
 written); two schedulers (in-process, each with its own store client)
-release them; a real Celery worker (a subprocess, its execution ledger on
+release them; a real Celery worker (a subprocess, its execution record on
 the same Sentinel store) runs them. The master is killed while all are busy.
 
 Counted: acknowledged jobs that never ran (lost: the master acknowledged
 them and died before its replica had them), jobs delivered twice (a release
 the old master made whose record had not reached the replica is made again
-by the new one) and jobs run twice (the ledger turns a second delivery into
+by the new one) and jobs run twice (the execution record turns a second delivery into
 a no-op only if the first one's record survived). With
 ``delayed_wait_replicas = 1`` scheduling waits for a replica: nothing
 acknowledged is lost.
@@ -161,7 +161,8 @@ def test_master_killed_under_load(redis_url, uid, rclient, wait_replicas, broker
                     f"({sum(p.unconfirmed for p in producers)} ReplicationTimeout); "
                     f"{len(window)} acknowledged in the last second before the kill; "
                     f"{released_after} released after the kill; "
-                    f"{worker.output().count('without the ledger')} run without the ledger (store unavailable)")
+                    f"{worker.output().count('without the execution record')} run without the execution record "
+                    "(store unavailable)")
             print("\n" + line)
             if os.environ.get("FAULTS_REPORT"):
                 with open(os.environ["FAULTS_REPORT"], "a") as f:
@@ -174,7 +175,7 @@ def test_master_killed_under_load(redis_url, uid, rclient, wait_replicas, broker
             else:
                 # Asynchronous replication: at most what the master acknowledged just before it died.
                 assert len(lost) <= len(window), (len(lost), len(window))
-            # Run twice: only a job whose first run's ledger record was lost with the master
+            # Run twice: only a job whose first run's execution record record was lost with the master
             # (its first run overlapped the failover): bounded by what was in flight then.
             assert len(twice) <= len(delivered_twice), (len(twice), len(delivered_twice))
             assert len(delivered_twice) <= released_before + len(window), len(delivered_twice)

@@ -495,7 +495,7 @@ def test_a_call_announces_task_sent_only_with_sent_events_on(
 
 @pytest.mark.timeout(60)
 def test_a_call_whose_connection_was_dropped_is_made_once_on_another(tapp: Celery, rclient: redis.Redis) -> None:
-    """One call goes on the thread's own connection (the ledger's lane); when that connection is
+    """One call goes on the thread's own connection (the execution record's lane); when that connection is
     gone, the call is made on the client's pool, once: nothing lost, nothing twice."""
     store = get_store(tapp)
     first = apply_later(tapp, NAME, args=(1,), when=60)

@@ -106,7 +106,8 @@ def test_the_store_on_the_brokers_sentinels_releases_directly(group, redis_url, 
         master.close()
         sched.stop()
         thread.join(10)
-    # A real worker on the broker's Sentinels (kombu's SentinelChannel) runs them; its ledger is the same store.
+    # A real worker on the broker's Sentinels (kombu's SentinelChannel) runs them; its execution record is the same
+    # store.
     conf = {"broker_transport_options": {"master_name": group.master_name}, "delayed_redis_url": None}
     worker = WorkerProcess(group.url, f"t{uid}", f"q{uid}", store=redis_url, conf=conf, concurrency=2,
                            pool="threads")
@@ -117,7 +118,7 @@ def test_the_store_on_the_brokers_sentinels_releases_directly(group, redis_url, 
             wait_for(lambda: sorted(ran(runs, f"t{uid}")) == sorted(ids), 30, what="the worker to run every job")
         finally:
             runs.close()
-        wait_for(lambda: all(store.lookup.get(i)["st"] == "SUCCEEDED" for i in ids), 10, what="the ledger")
+        wait_for(lambda: all(store.lookup.get(i)["st"] == "SUCCEEDED" for i in ids), 10, what="the execution record")
     finally:
         worker.stop()
     # Another master name behind the same Sentinels is another server: the publish path.

@@ -28,7 +28,7 @@ SEP = "\x06\x16"
 
 
 def received(output: str, task: str | None = None) -> collections.Counter[str]:
-    """Deliveries per task id from a worker's log, before any ledger could drop one."""
+    """Deliveries per task id from a worker's log, before any execution record could drop one."""
     return collections.Counter(tid for name, tid in _RECEIVED.findall(output) if task is None or name == task)
 
 

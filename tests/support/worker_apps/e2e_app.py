@@ -7,10 +7,10 @@ E2E_CONF (JSON of extra settings). Task bodies record each run in Redis:
 RPUSH <prefix>:ran "<task id>|<pid>|<retries>".
 
 ``e2e.plain`` is a plain Celery task (no ``DelayedTask``). Released from the
-store, it still runs under the ledger (CONTRACTS rule 5: a duplicate message
+store, it still runs under the execution record (CONTRACTS rule 5: a duplicate message
 becomes a skip), so tests of the release path count the messages themselves:
 on the queue with no worker running, or the workers' "received" lines
-(``support.delivery``), which come before the ledger.
+(``support.delivery``), which come before the execution record.
 """
 
 from __future__ import annotations

@@ -36,8 +36,8 @@ def plain(self: Task, *args: Any, **kwargs: Any) -> str:
     return "ok"
 
 
-@app.task(base=DelayedTask, bind=True, name="fd.ledger")
-def ledger(self: DelayedTask, *args: Any, **kwargs: Any) -> str:
+@app.task(base=DelayedTask, bind=True, name="fd.tracked")
+def tracked(self: DelayedTask, *args: Any, **kwargs: Any) -> str:
     seen(self.request)
     record(self.request.id, self.request.retries or 0)
     return "ok"

@@ -1,4 +1,4 @@
-"""Edges of the worker-side ledger: a failing heartbeat, the publish path's late
+"""Edges of the worker-side execution record: a failing heartbeat, the publish path's late
 ack, and record lifetimes while a job runs."""
 
 from __future__ import annotations
