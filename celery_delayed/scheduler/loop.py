@@ -31,8 +31,8 @@ from ..errors import ConfigurationError, DelayedError, LeaseLost, StoreFull, Sto
 from ..schedules import config_entries
 from ..store import LAYOUT_NOTICE, Store
 from .maintenance import Maintenance
-from .mover import Mover, make_mover
 from .recurring import Recurrer
+from .releaser import Releaser, make_releaser
 from .wakeup import WakeListener
 
 logger = logging.getLogger("celery_delayed.scheduler")
@@ -100,7 +100,7 @@ class Scheduler:
         # Four heartbeats per lease: a member survives a few slow ones.
         self.heartbeat_s = self.config.lease_ms / 4000.0
         self.max_sleep_s = max_sleep_s if max_sleep_s is not None else self.heartbeat_s
-        self.mover: Mover = make_mover(app, store)
+        self.releaser: Releaser = make_releaser(app, store)
         self.shards: dict[int, str] = {}  # shard -> fence
         self.next_due: dict[int, float] = {}  # shard -> due ms (Redis clock)
         self.members: list[str] = []
@@ -295,7 +295,7 @@ class Scheduler:
         with self._lock:
             self._woken.pop(shard, None)
         try:
-            batch = self.mover.move(shard, self.owner, fence, limit)
+            batch = self.releaser.release(shard, self.owner, fence, limit)
         except LeaseLost:
             logger.info("scheduler %s lost the lease of shard %d", self.owner, shard)
             with self._lock:
@@ -463,9 +463,9 @@ class Scheduler:
         self._wake_all()
         self._wake.clear()  # sleep the back-off first
         try:
-            self.mover.close()
+            self.releaser.close()
         except Exception:
-            logger.debug("closing the mover failed", exc_info=True)
+            logger.debug("closing the releaser failed", exc_info=True)
 
     def _shutdown(self) -> None:
         if self.maintenance is not None:
@@ -479,7 +479,7 @@ class Scheduler:
                 self._announce()
             except Exception:
                 logger.debug("leaving the scheduler set failed", exc_info=True)
-        self.mover.close()
+        self.releaser.close()
         self._listener.stop()
         self.store.redis.close()
         logger.info("celery-delayed scheduler %s stopped (%d released)", self.owner, self.released)

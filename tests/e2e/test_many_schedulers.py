@@ -20,7 +20,7 @@ from support.delivery import pending, queue_keys, received, undelivered
 
 from celery_delayed import apply_later_many, get_store
 from celery_delayed.errors import LeaseLost
-from celery_delayed.scheduler import DirectMover, Scheduler
+from celery_delayed.scheduler import DirectReleaser, Scheduler
 from celery_delayed.store import Batch
 
 pytestmark = pytest.mark.e2e
@@ -105,7 +105,7 @@ def test_eight_schedulers_share_64_shards_and_take_over_a_killed_ones(redis_url,
     assert_each_ran_once(app, rclient, w, ids)
 
 
-class PausedMover(DirectMover):
+class PausedReleaser(DirectReleaser):
     """Stops (as SIGSTOP would) right before its next release script, until ``go`` is set."""
 
     def __init__(self, app, store) -> None:
@@ -115,18 +115,18 @@ class PausedMover(DirectMover):
         self.go = threading.Event()
         self.outcomes: list[str] = []
 
-    def move(self, shard: int, owner: str, fence: str, limit: int) -> Batch:
+    def release(self, shard: int, owner: str, fence: str, limit: int) -> Batch:
         if self.pause.is_set() and not self.go.is_set():
             self.paused.set()
             self.go.wait(30)
             try:
-                batch = super().move(shard, owner, fence, limit)
+                batch = super().release(shard, owner, fence, limit)
             except LeaseLost:
                 self.outcomes.append("lost")
                 raise
             self.outcomes.append(f"released {batch.count}")
             return batch
-        return super().move(shard, owner, fence, limit)
+        return super().release(shard, owner, fence, limit)
 
 
 @pytest.mark.timeout(60)
@@ -134,17 +134,17 @@ def test_a_scheduler_paused_past_its_lease_cannot_release_from_the_shard_it_lost
     app = make_app(redis_url, uid, delayed_shards=1, delayed_lease_ms=1000, delayed_lookahead_ms=0)
     store = get_store(app)
     a, b = Scheduler(app, owner="a-sched"), Scheduler(app, owner="b-sched")
-    a.mover = mover = PausedMover(app, a.store)
+    a.releaser = releaser = PausedReleaser(app, a.store)
     threads = []
     try:
         a._heartbeat()
         assert list(a.shards) == [0]
-        mover.pause.set()
+        releaser.pause.set()
         h = apply_later_many(app, "e2e.mark", [{"when": 0.0}], strict=False)[0]
         # a wakes for the job and stops right before releasing it.
         threads.append(threading.Thread(target=a.release_due, daemon=True))
         threads[-1].start()
-        assert mover.paused.wait(10)
+        assert releaser.paused.wait(10)
         fence_a = a.shards[0]
         # b joins; a's heartbeats are stopped too: past a's lease, b takes the shard, a new fence.
         threads.append(threading.Thread(target=b.run, daemon=True))
@@ -152,19 +152,19 @@ def test_a_scheduler_paused_past_its_lease_cannot_release_from_the_shard_it_lost
         wait_for(lambda: list(b.shards) == [0], 10, interval=0.01, what="b to take the shard")
         assert store.redis.client.get(store.keys.shard(0).lease) == f"b-sched|{int(fence_a) + 1}"
         wait_for(lambda: store.lookup.get(h.id)["st"] != "SCHEDULED", 10, what="b to release the job")
-        mover.go.set()  # a resumes and runs the release it had started, under its old fence
+        releaser.go.set()  # a resumes and runs the release it had started, under its old fence
         threads[0].join(10)
-        assert mover.outcomes == ["lost"], mover.outcomes
+        assert releaser.outcomes == ["lost"], releaser.outcomes
         assert 0 not in a.shards
         queued = sum(int(store.redis.client.llen(k)) for k in queue_keys(app.conf.task_default_queue))
         assert queued == 1, f"{queued} messages for one job"
     finally:
-        mover.go.set()
+        releaser.go.set()
         b.stop()
         for t in threads:
             t.join(10)
         a.store.fleet.heartbeat(a.owner, leave=True)
-        a.mover.close()
+        a.releaser.close()
 
 
 @pytest.mark.timeout(120)

@@ -23,14 +23,14 @@ from support import Proc, SchedulerProcess, WorkerProcess, app_env, free_port, m
 from support.delivery import claims, pending, queue_keys, received, undelivered
 
 from celery_delayed import apply_later, apply_later_many, get_store
-from celery_delayed.scheduler import PublishMover
+from celery_delayed.scheduler import PublishReleaser
 from celery_delayed.scheduler.confirms import ConfirmTimeout
 
 pytestmark = pytest.mark.e2e
 
 SHARDS = 16
 
-# A scheduler whose PublishMover SIGKILLs its own process after publishing its
+# A scheduler whose PublishReleaser SIGKILLs its own process after publishing its
 # first batch and before acknowledging it: the claims stay in flight.
 DIE_BEFORE_ACK = """
 import os, signal
@@ -38,7 +38,7 @@ import e2e_app
 from celery_delayed.scheduler import Scheduler
 
 sched = Scheduler(e2e_app.app)
-sched.mover.before_ack = lambda batch: os.kill(os.getpid(), signal.SIGKILL)
+sched.releaser.before_ack = lambda batch: os.kill(os.getpid(), signal.SIGKILL)
 sched.run()
 """
 
@@ -104,19 +104,19 @@ def rabbit_ids(rabbitmq_url: str, queue: str) -> collections.Counter:
 
 
 @pytest.mark.timeout(60)
-def test_publish_mover_publishes_with_confirms_to_rabbitmq(redis_url, rabbitmq_url, uid, rabbit_queue):
+def test_publish_releaser_publishes_with_confirms_to_rabbitmq(redis_url, rabbitmq_url, uid, rabbit_queue):
     app = make_app(rabbitmq_url, uid, delayed_redis_url=redis_url, delayed_shards=SHARDS)
     store = get_store(app)
     assert not store.broker.direct, "RabbitMQ broker: auto must pick the publish path"
     h = apply_later(app, "e2e.mark", args=(7,), strict=False)
-    mover = PublishMover(app, store)
+    releaser = PublishReleaser(app, store)
     try:
-        batch = mover.move(h.shard, "", "", 10)
+        batch = releaser.release(h.shard, "", "", 10)
         assert batch.ids == [h.id]
-        assert mover.confirms, "publisher confirms are off"
-        assert mover.confirmed == 1, "the broker's confirm was not received"
+        assert releaser.confirms, "publisher confirms are off"
+        assert releaser.confirmed == 1, "the broker's confirm was not received"
     finally:
-        mover.close()
+        releaser.close()
     assert store.lookup.get(h.id)["st"] == "QUEUED"
     assert inflight(store.redis.client, app.conf.delayed_key_prefix) == 0
     with Connection(rabbitmq_url) as conn, conn.SimpleQueue(rabbit_queue) as q:
@@ -135,13 +135,13 @@ def test_nacked_messages_are_put_back_at_once(redis_url, rabbitmq_url, uid, rabb
     app = make_app(rabbitmq_url, uid, delayed_redis_url=redis_url, delayed_shards=1, task_queues=[full])
     store = get_store(app)
     ids = schedule(app, 5, lambda i: 0)
-    mover = PublishMover(app, store)
+    releaser = PublishReleaser(app, store)
     try:
-        batch = mover.move(0, "", "", 10)
+        batch = releaser.release(0, "", "", 10)
     finally:
-        mover.close()
+        releaser.close()
     assert sorted(batch.ids) == sorted(ids)
-    assert (mover.confirmed, mover.refused) == (3, 2)
+    assert (releaser.confirmed, releaser.refused) == (3, 2)
     states = collections.Counter(store.lookup.get(j)["st"] for j in ids)
     # The nacked ones are put back at once (not held until their claim lease passes), and a nack does not
     # count toward dead-lettering: the queue may have room later.
@@ -296,10 +296,10 @@ def test_a_message_the_broker_refuses_is_put_back_at_once_then_dead_lettered(red
     bad = apply_later(app, "e2e.mark", args=("bad",), exchange=f"no-such-exchange-{uid}", routing_key="rk",
                       strict=False)
     good += [apply_later(app, "e2e.mark", args=(i,), strict=False) for i in range(3, 6)]
-    mover = PublishMover(app, store)
+    releaser = PublishReleaser(app, store)
     try:
         t0 = time.monotonic()
-        batch = mover.move(0, "", "", 100)
+        batch = releaser.release(0, "", "", 100)
         assert len(batch.ids) == 7
         assert all(store.lookup.get(h.id)["st"] == "QUEUED" for h in good)  # the batch was not held up
         rec = store.lookup.get(bad.id)
@@ -307,16 +307,16 @@ def test_a_message_the_broker_refuses_is_put_back_at_once_then_dead_lettered(red
         assert inflight(store.redis.client, app.conf.delayed_key_prefix) == 0
         deadline = time.monotonic() + 30
         while store.lookup.get(bad.id)["st"] != "DEAD" and time.monotonic() < deadline:
-            mover.move(0, "", "", 100)  # as the scheduler would, when the job is due again
+            releaser.release(0, "", "", 100)  # as the scheduler would, when the job is due again
             time.sleep(0.1)
         rec = store.lookup.get(bad.id)
         assert (rec["st"], rec["refused"]) == ("DEAD", "3"), rec
         assert time.monotonic() - t0 < 15  # 1 s + 2 s of back-off, not two 60 s claim leases
         assert "no exchange" in rec["emsg"] and rec["etype"] == "Unpublishable"
         assert bad.id in rclient.zrange(store.keys.shard(0).dlq, 0, -1)
-        assert mover.refused == 3
+        assert releaser.refused == 3
     finally:
-        mover.close()
+        releaser.close()
     from celery_delayed import Unpublishable
 
     with pytest.raises(Unpublishable, match="no exchange"):
@@ -334,26 +334,26 @@ def test_a_message_the_broker_refuses_is_put_back_at_once_then_dead_lettered(red
 
 
 @pytest.mark.timeout(60)
-def test_publish_mover_reconnects_and_publishes_the_batch_again(redis_url, rabbitmq_url, uid, rabbit_queue,
+def test_publish_releaser_reconnects_and_publishes_the_batch_again(redis_url, rabbitmq_url, uid, rabbit_queue,
                                                                 caplog):
-    """The broker connection breaks under the mover: the batch is published again on a new one."""
+    """The broker connection breaks under the releaser: the batch is published again on a new one."""
     app = make_app(rabbitmq_url, uid, delayed_redis_url=redis_url, delayed_shards=1)
     store = get_store(app)
     first = apply_later(app, "e2e.mark", args=(1,), strict=False)
-    mover = PublishMover(app, store)
+    releaser = PublishReleaser(app, store)
     try:
-        assert mover.move(0, "", "", 10).ids == [first.id]
-        broken = mover._conn.connection.sock  # the mover's socket to RabbitMQ
+        assert releaser.release(0, "", "", 10).ids == [first.id]
+        broken = releaser._conn.connection.sock  # the releaser's socket to RabbitMQ
         broken.shutdown(socket.SHUT_RDWR)  # as a RabbitMQ restart or a dropped NAT entry would
         second = apply_later(app, "e2e.mark", args=(2,), strict=False)
         with caplog.at_level(logging.WARNING, logger="celery_delayed.scheduler"):
-            batch = mover.move(0, "", "", 10)
+            batch = releaser.release(0, "", "", 10)
         assert batch.ids == [second.id]
         assert "reconnecting to publish it again" in caplog.text
-        assert mover._conn.connection.sock is not broken
-        assert mover.confirmed == 2, "the second batch was not confirmed on the new connection"
+        assert releaser._conn.connection.sock is not broken
+        assert releaser.confirmed == 2, "the second batch was not confirmed on the new connection"
     finally:
-        mover.close()
+        releaser.close()
     assert store.lookup.get(second.id)["st"] == "QUEUED"
     assert inflight(store.redis.client, app.conf.delayed_key_prefix) == 0
     got = rabbit_ids(rabbitmq_url, rabbit_queue)
@@ -368,20 +368,20 @@ def test_unconfirmed_batch_stays_claimed_and_is_published_again(redis_url, rabbi
                    delayed_claim_lease_ms=1000)
     store = get_store(app)
     h = apply_later(app, "e2e.mark", strict=False)
-    mover = PublishMover(app, store)
+    releaser = PublishReleaser(app, store)
     try:
-        mover._confirm_timeout_s = 0.0  # test hook: no confirm can arrive in time
+        releaser._confirm_timeout_s = 0.0  # test hook: no confirm can arrive in time
         with pytest.raises(ConfirmTimeout):
-            mover.move(0, "", "", 10)
+            releaser.release(0, "", "", 10)
         assert store.lookup.get(h.id)["st"] == "CLAIMED"
         assert inflight(store.redis.client, app.conf.delayed_key_prefix) == 1
-        mover._confirm_timeout_s = 5.0
-        assert mover.move(0, "", "", 10).ids == [], "claimed again before its claim lease passed"
-        wait_for(lambda: mover.move(0, "", "", 10).ids == [h.id], 10, interval=0.1,
+        releaser._confirm_timeout_s = 5.0
+        assert releaser.release(0, "", "", 10).ids == [], "claimed again before its claim lease passed"
+        wait_for(lambda: releaser.release(0, "", "", 10).ids == [h.id], 10, interval=0.1,
                  what="the claim to be published again after its lease")
-        assert mover.confirmed == 1
+        assert releaser.confirmed == 1
     finally:
-        mover.close()
+        releaser.close()
     assert store.lookup.get(h.id)["st"] == "QUEUED" and store.lookup.get(h.id)["claims"] == "2"
     assert inflight(store.redis.client, app.conf.delayed_key_prefix) == 0
     got = rabbit_ids(rabbitmq_url, rabbit_queue)
@@ -394,13 +394,13 @@ def test_confirm_publish_false_publishes_without_confirms(redis_url, rabbitmq_ur
                    broker_transport_options={"confirm_publish": False})
     store = get_store(app)
     ids = schedule(app, 3, lambda i: 0)
-    mover = PublishMover(app, store)
+    releaser = PublishReleaser(app, store)
     try:
-        assert sorted(mover.move(0, "", "", 10).ids) == sorted(ids)
-        assert not mover.confirms, "publisher confirms are on although confirm_publish is False"
-        assert (mover.confirmed, mover.refused) == (0, 0)
+        assert sorted(releaser.release(0, "", "", 10).ids) == sorted(ids)
+        assert not releaser.confirms, "publisher confirms are on although confirm_publish is False"
+        assert (releaser.confirmed, releaser.refused) == (0, 0)
     finally:
-        mover.close()
+        releaser.close()
     assert {store.lookup.get(j)["st"] for j in ids} == {"QUEUED"}
     assert inflight(store.redis.client, app.conf.delayed_key_prefix) == 0
     assert rabbit_ids(rabbitmq_url, rabbit_queue) == collections.Counter({j: 1 for j in ids})

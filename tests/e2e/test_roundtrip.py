@@ -1,7 +1,7 @@
 """Round trip: messages released by release_due.lua are consumed and run by a REAL worker.
 
 One worker subprocess per broker configuration; every case of that
-configuration is scheduled and released (with ``DirectMover``, i.e.
+configuration is scheduled and released (with ``DirectReleaser``, i.e.
 release_due.lua plus the task-sent events) before the worker starts, so the
 test also checks where each message landed, then the worker must run them all.
 The task is a plain one (``e2e.plain``): a message pushed twice would run twice.
@@ -23,7 +23,7 @@ from support import WorkerProcess, make_app, ran, wait_for
 from support.delivery import received, undelivered
 
 from celery_delayed import apply_later, get_store
-from celery_delayed.scheduler.mover import DirectMover
+from celery_delayed.scheduler.releaser import DirectReleaser
 
 pytestmark = pytest.mark.e2e
 
@@ -33,15 +33,15 @@ STEP = {0: "", 1: "", 2: "", 3: "3", 4: "3", 5: "3", 6: "6", 7: "6", 8: "6", 9: 
 
 def _release_all(app: Celery) -> tuple[int, list[dict[str, Any] | None]]:
     store = get_store(app)
-    mover = DirectMover(app, store)
+    releaser = DirectReleaser(app, store)
     released, events = 0, []
     try:
         for shard in range(store.config.shards):
-            batch = mover.move(shard, "", "", 1000)
+            batch = releaser.release(shard, "", "", 1000)
             released += batch.count
             events += batch.events
     finally:
-        mover.close()
+        releaser.close()
     return released, events
 
 

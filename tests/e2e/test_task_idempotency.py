@@ -152,24 +152,24 @@ def test_a_key_freed_by_cancel_runs_its_new_job_once_never_the_old_message(redis
 def test_publish_path_duplicate_runs_once_on_rabbitmq(rabbitmq_url, redis_url, uid, rclient, workers):
     """A scheduler dies after publishing, before acknowledging its claim: the job is claimed and
     published again (at-least-once); the worker side runs the body once."""
-    from celery_delayed.scheduler.mover import PublishMover
+    from celery_delayed.scheduler.releaser import PublishReleaser
 
     app = make_app(rabbitmq_url, uid, delayed_redis_url=redis_url, delayed_claim_lease_ms=500)
     prefix, queue = app.conf.delayed_key_prefix, app.conf.task_default_queue
     store = get_store(app)
     assert not store.broker.direct
     h = apply_later(app, "e2e.mark", when=0, strict=False)
-    mover = PublishMover(app, store)
+    releaser = PublishReleaser(app, store)
 
     def crash(batch: object) -> None:
         raise RuntimeError("scheduler died between publish and ack")
 
-    mover.before_ack = crash
+    releaser.before_ack = crash
     with pytest.raises(RuntimeError):
-        mover.move(h.shard, "", "", 10)
-    mover.before_ack = None
-    wait_for(lambda: mover.move(h.shard, "", "", 10).ids == [h.id], 10, what="the claim to expire")
-    mover.close()
+        releaser.release(h.shard, "", "", 10)
+    releaser.before_ack = None
+    wait_for(lambda: releaser.release(h.shard, "", "", 10).ids == [h.id], 10, what="the claim to expire")
+    releaser.close()
     try:
         w = WorkerProcess(rabbitmq_url, prefix, queue, store=redis_url, concurrency=2)
         workers.append(w)
@@ -188,7 +188,7 @@ def test_store_down_at_start_requeues_then_runs_once_it_is_back(redis_url, uid, 
     """With acks_late, a delivery that cannot reach the store goes back to the queue unrun."""
     from support import RedisServer
 
-    from celery_delayed.scheduler.mover import PublishMover
+    from celery_delayed.scheduler.releaser import PublishReleaser
 
     store_srv = RedisServer(appendonly=True).start()  # its data survives a restart
     try:
@@ -196,9 +196,9 @@ def test_store_down_at_start_requeues_then_runs_once_it_is_back(redis_url, uid, 
         app = make_app(redis_url, uid, delayed_redis_url=store_srv.url, **conf)
         prefix, queue = app.conf.delayed_key_prefix, app.conf.task_default_queue
         h = apply_later(app, "e2e.mark", when=0, strict=False)
-        mover = PublishMover(app, get_store(app))
-        assert mover.move(h.shard, "", "", 10).ids == [h.id]
-        mover.close()
+        releaser = PublishReleaser(app, get_store(app))
+        assert releaser.release(h.shard, "", "", 10).ids == [h.id]
+        releaser.close()
         store_srv.stop()
         w = WorkerProcess(redis_url, prefix, queue, store=store_srv.url, conf=conf, concurrency=1)
         workers.append(w)

@@ -9,7 +9,7 @@ from celery.exceptions import TaskRevokedError
 from support import make_app
 
 from celery_delayed import DelayedResult, Misfired, apply_later, cancel, get_store, lookup
-from celery_delayed.scheduler.mover import DirectMover
+from celery_delayed.scheduler.releaser import DirectReleaser
 
 TASK = "t.announce"
 
@@ -20,13 +20,13 @@ def bapp(redis_url, uid):  # type: ignore[no-untyped-def]
 
 
 def _release(app) -> list[tuple[str, str, str]]:  # type: ignore[no-untyped-def]
-    mover = DirectMover(app, get_store(app))
+    releaser = DirectReleaser(app, get_store(app))
     not_sent = []
     try:
         for s in range(get_store(app).config.shards):
-            not_sent += mover.move(s, "", "", 500).not_sent
+            not_sent += releaser.release(s, "", "", 500).not_sent
     finally:
-        mover.close()
+        releaser.close()
     return not_sent
 
 

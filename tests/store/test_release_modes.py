@@ -20,7 +20,7 @@ from kombu import Connection
 from support import RedisServer, make_app, need
 
 from celery_delayed import ConfigurationError, apply_later, get_store
-from celery_delayed.scheduler import PublishMover
+from celery_delayed.scheduler import PublishReleaser
 from celery_delayed.store import Pending
 
 
@@ -64,11 +64,11 @@ def test_store_on_a_unix_socket(unix_redis: UnixRedis, uid: str) -> None:
     other = apply_later(app, "e2e.mark", args=(2,), when=3600, strict=False)
     assert sorted(r["id"] for r in Pending(store).page()) == sorted([h.id, other.id])
     assert other.cancel() is True
-    mover = PublishMover(app, store)
+    releaser = PublishReleaser(app, store)
     try:
-        assert mover.move(h.shard, "", "", 10).ids == [h.id]
+        assert releaser.release(h.shard, "", "", 10).ids == [h.id]
     finally:
-        mover.close()
+        releaser.close()
     assert h.job_state == "QUEUED" and other.job_state == "CANCELLED"
     assert consume(unix_redis.tcp_url, app.conf.task_default_queue, 1) == [h.id]
     # The store's commands really went over the socket.

@@ -9,11 +9,11 @@ import pytest
 from support import make_app, wait_for
 
 from celery_delayed import apply_later, get_store
-from celery_delayed.scheduler import DirectMover, Scheduler
+from celery_delayed.scheduler import DirectReleaser, Scheduler
 from celery_delayed.store import Batch
 
 
-class WakeDuringMove(DirectMover):
+class WakeDuringMove(DirectReleaser):
     """Releases for real, then lets a job be scheduled earlier and its wake-up arrive before returning.
 
     The move's result (next due: the far job) predates the wake-up: the loop
@@ -25,8 +25,8 @@ class WakeDuringMove(DirectMover):
         self.sched, self.app = sched, app
         self.early: object = None
 
-    def move(self, shard: int, owner: str, fence: str, limit: int) -> Batch:
-        batch = super().move(shard, owner, fence, limit)
+    def release(self, shard: int, owner: str, fence: str, limit: int) -> Batch:
+        batch = super().release(shard, owner, fence, limit)
         if self.early is None and batch.next_due_ms is not None:
             h = apply_later(self.app, "e2e.mark", when=0.05, task_id=f"early-{shard}", strict=False,
                             shard_key=f"s{shard}")
@@ -42,13 +42,13 @@ def test_a_wakeup_during_a_move_is_not_overwritten(redis_url, uid):
     app = make_app(redis_url, uid, delayed_shards=1, delayed_lookahead_ms=0)
     far = apply_later(app, "e2e.mark", when=3600, strict=False)
     sched = Scheduler(app)
-    sched.mover = mover = WakeDuringMove(sched, app)
+    sched.releaser = releaser = WakeDuringMove(sched, app)
     try:
         sched._heartbeat()
         assert list(sched.shards) == [0]
         sched.release_due()
-        assert mover.early is not None
-        early = mover.early
+        assert releaser.early is not None
+        early = releaser.early
         assert sched.next_due[0] == float(early.due_ms), "the stale next-due overwrote the wake-up"
         assert sched._sleep_s() < 0.1
         time.sleep(0.06)
@@ -57,7 +57,7 @@ def test_a_wakeup_during_a_move_is_not_overwritten(redis_url, uid):
         assert get_store(app).lookup.get(far.id)["st"] == "SCHEDULED"
     finally:
         sched.store.fleet.heartbeat(sched.owner, leave=True)
-        sched.mover.close()
+        sched.releaser.close()
 
 
 @pytest.mark.timeout(30)
@@ -108,4 +108,4 @@ def test_a_shard_is_visited_a_slice_before_the_lookahead_and_releases_the_whole_
             assert least <= ahead <= 2000, (h.id, ahead)
     finally:
         sched.store.fleet.heartbeat(sched.owner, leave=True)
-        sched.mover.close()
+        sched.releaser.close()

@@ -330,7 +330,7 @@ def test_a_scheduler_with_a_bad_entry_refuses_to_start_with_its_message(redis_ur
         with pytest.raises(ConfigurationError, match=r"delayed_schedule: schedule 'nightly': bad crontab"):
             sched.preflight()
     finally:
-        sched.mover.close()
+        sched.releaser.close()
         sched.store.redis.close()
 
 

@@ -56,9 +56,9 @@ def run(self: DelayedTask, n: int = 0, sleep_s: float = 0.0) -> str:
 
 _KILL_AT = int(os.environ.get("FAULT_KILL_BEFORE_ACK", "0") or 0)
 if _KILL_AT:
-    from celery_delayed.scheduler import mover as _mover
+    from celery_delayed.scheduler import releaser as _releaser
 
-    _init = _mover.PublishMover.__init__
+    _init = _releaser.PublishReleaser.__init__
 
     def _dying_init(self: Any, *args: Any, **kwargs: Any) -> None:
         _init(self, *args, **kwargs)
@@ -71,4 +71,4 @@ if _KILL_AT:
 
         self.before_ack = before_ack
 
-    _mover.PublishMover.__init__ = _dying_init
+    _releaser.PublishReleaser.__init__ = _dying_init

@@ -1,7 +1,7 @@
 """Move one batch of due jobs of one shard onto the broker.
 
-:class:`DirectMover` runs ``release_due.lua`` (the broker is Redis on the
-store's server: exactly-once). :class:`PublishMover` claims with
+:class:`DirectReleaser` runs ``release_due.lua`` (the broker is Redis on the
+store's server: exactly-once). :class:`PublishReleaser` claims with
 ``claim_due.lua``, publishes with kombu (publisher confirms where the
 transport has them) and acknowledges with ``ack_claimed.lua``: at-least-once.
 """
@@ -32,22 +32,22 @@ _CONNECT_RETRY = {"max_retries": 1, "interval_start": 0, "interval_step": 0.2, "
 _RETRY_POLICY = {"max_retries": 3, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5}
 
 
-class Mover(Protocol):
+class Releaser(Protocol):
     """Releases one batch of one shard."""
 
-    def move(self, shard: int, owner: str, fence: str, limit: int) -> Batch: ...
+    def release(self, shard: int, owner: str, fence: str, limit: int) -> Batch: ...
 
     def close(self) -> None: ...
 
 
-class DirectMover:
+class DirectReleaser:
     """Releases with one Lua script: remove from the schedule and LPUSH, atomically."""
 
     def __init__(self, app: Celery, store: Store) -> None:
         self.store = store
         self.announce = Announcer(app)
 
-    def move(self, shard: int, owner: str, fence: str, limit: int) -> Batch:
+    def release(self, shard: int, owner: str, fence: str, limit: int) -> Batch:
         batch = self.store.release.release_due(shard, owner, fence, limit=limit,
                                                lookahead_ms=self.store.config.lookahead_ms)
         self.announce.sent(batch.events)
@@ -58,7 +58,7 @@ class DirectMover:
         self.announce.close()
 
 
-class PublishMover:
+class PublishReleaser:
     """Claims due jobs, publishes them with kombu, then acknowledges the claims.
 
     On an AMQP broker the batch is published with publisher confirms (unless
@@ -112,7 +112,7 @@ class PublishMover:
                 self._confirms = BatchConfirms(self._producer.channel)
         return self._producer
 
-    def move(self, shard: int, owner: str, fence: str, limit: int) -> Batch:
+    def release(self, shard: int, owner: str, fence: str, limit: int) -> Batch:
         try:
             # Connect before claiming: while the broker is down the jobs stay
             # scheduled, and go out as soon as it is back, instead of waiting
@@ -290,6 +290,6 @@ def _remaining_s(expires: Any) -> float | None:
     return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
 
 
-def make_mover(app: Celery, store: Store) -> Mover:
-    """The mover for the store's release path (``store.broker.direct``)."""
-    return DirectMover(app, store) if store.broker.direct else PublishMover(app, store)
+def make_releaser(app: Celery, store: Store) -> Releaser:
+    """The releaser for the store's release path (``store.broker.direct``)."""
+    return DirectReleaser(app, store) if store.broker.direct else PublishReleaser(app, store)
