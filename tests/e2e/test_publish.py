@@ -317,7 +317,7 @@ def test_a_message_the_broker_refuses_is_put_back_at_once_then_dead_lettered(red
         assert releaser.refused == 3
     finally:
         releaser.close()
-    from celery_delayed import Unpublishable
+    from celery_delayed.errors import Unpublishable
 
     with pytest.raises(Unpublishable, match="no exchange"):
         bad.get(timeout=5)

@@ -34,7 +34,8 @@ import pytest
 from support import WorkerProcess, make_app, need, ran, wait_for
 from support.delivery import queue_keys, received
 
-from celery_delayed import DuplicateJob, ReplicationTimeout, StoreUnavailable, apply_later, get_store
+from celery_delayed import DuplicateJob, StoreUnavailable, apply_later, get_store
+from celery_delayed.errors import ReplicationTimeout
 from celery_delayed.scheduler import Scheduler
 from celery_delayed.store import ShardStatus
 from celery_delayed.testing.sentinel import SentinelGroup

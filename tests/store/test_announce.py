@@ -8,7 +8,8 @@ import pytest
 from celery.exceptions import TaskRevokedError
 from support import make_app
 
-from celery_delayed import DelayedResult, Misfired, apply_later, cancel, get_store, lookup
+from celery_delayed import DelayedResult, apply_later, cancel, get_store, lookup
+from celery_delayed.errors import Misfired
 from celery_delayed.scheduler.releaser import DirectReleaser
 
 TASK = "t.announce"

@@ -24,7 +24,8 @@ import redis
 from support import RedisServer, SchedulerProcess, WorkerProcess, free_port, make_app, need, ran, wait_for
 
 import celery_delayed as cd
-from celery_delayed import SerializationError, StoreUnavailable, apply_later, get_store
+from celery_delayed import StoreUnavailable, apply_later, get_store
+from celery_delayed.errors import SerializationError
 from celery_delayed.store.loader import lua_dir, scripts, source
 
 TASK = "e2e.mark"

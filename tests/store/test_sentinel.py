@@ -23,8 +23,6 @@ from support.delivery import queue_keys, queued_ids
 from celery_delayed import (
     ConfigurationError,
     DuplicateJob,
-    ReplicationTimeout,
-    Store,
     StoreUnavailable,
     apply_later,
     apply_later_many,
@@ -32,7 +30,9 @@ from celery_delayed import (
     get_store,
 )
 from celery_delayed.doctor import store_findings
+from celery_delayed.errors import ReplicationTimeout
 from celery_delayed.scheduler import Scheduler
+from celery_delayed.store import Store
 from celery_delayed.testing.sentinel import SentinelGroup
 from celery_delayed.vocab import Reply
 

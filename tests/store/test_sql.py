@@ -10,14 +10,8 @@ from sqlalchemy import create_engine, insert, select, text, update
 from sqlalchemy.orm import Session
 from support import RedisServer, free_port, make_app
 
-from celery_delayed import (
-    ConfigurationError,
-    DatabaseUnavailable,
-    DuplicateJob,
-    apply_later,
-    apply_later_many,
-    get_store,
-)
+from celery_delayed import ConfigurationError, DuplicateJob, apply_later, apply_later_many, get_store
+from celery_delayed.errors import DatabaseUnavailable
 from celery_delayed.reconciler import Reconciler
 from celery_delayed.sql.rows import get_rows
 from celery_delayed.sql.schema import SCHEMA_VERSION, jobs, schema
