@@ -9,7 +9,7 @@ from pathlib import Path
 import kombu
 import pytest
 
-from celery_delayed.worker.kombu_fixes import AFFECTED, _version
+from celery_delayed.fixups.reconnect_guard import AFFECTED, _version
 
 SCENARIO = Path(__file__).resolve().parents[1] / "support" / "scenarios" / "kombu_reconnect.py"
 affected = AFFECTED[0] <= _version(kombu.__version__) < AFFECTED[1]

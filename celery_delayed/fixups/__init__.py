@@ -1,0 +1,1 @@
+"""Corrections to Celery and kombu behaviour, applied in worker processes."""
