@@ -9,10 +9,10 @@ from pathlib import Path
 import kombu
 import pytest
 
-from celery_delayed.fixups.reconnect_guard import AFFECTED, _version
+from celery_delayed.fixups import FIXUPS
 
 SCENARIO = Path(__file__).resolve().parents[1] / "support" / "scenarios" / "kombu_reconnect.py"
-affected = AFFECTED[0] <= _version(kombu.__version__) < AFFECTED[1]
+affected = FIXUPS["reconnect_guard"].applies_to(kombu.__version__)
 
 
 def _run(*args: str) -> str:

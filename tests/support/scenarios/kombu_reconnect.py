@@ -18,13 +18,13 @@ import sys
 from kombu import Connection, Exchange, Queue
 from kombu.utils.eventio import poll
 
-from celery_delayed.fixups.reconnect_guard import guard_detached_channels
+from celery_delayed.fixups import reconnect_guard
 from celery_delayed.testing import RedisServer
 
 
 def main() -> None:
     if "--guard" in sys.argv:
-        assert guard_detached_channels()
+        assert reconnect_guard.install()
     server = RedisServer().start()
     ch = None
     try:
