@@ -32,8 +32,8 @@ from typing import Any
 from celery import Celery, signals
 from celery._state import connect_on_app_finalize
 
+from . import fixups
 from .cancellation import install_revoke
-from .fixups import install_fixups, reconnect_guard
 from .worker import bootstep, control, eta, intercept, tracking
 
 _ATTR = "_celery_delayed_installed"
@@ -69,11 +69,11 @@ def register_with_celery() -> None:
     connect_on_app_finalize(install)
     signals.worker_init.connect(_install_fixups, weak=False)
     signals.worker_init.connect(tracking.on_worker_init, weak=False)
-    signals.celeryd_after_setup.connect(reconnect_guard.on_worker_setup, weak=False)
+    signals.celeryd_after_setup.connect(fixups.on_worker_setup, weak=False)
 
 
 def _install_fixups(sender: Any = None, **_: Any) -> None:
     """``worker_init`` receiver: apply the fixups in the worker's main process (before it connects)."""
     app = getattr(sender, "app", None)
     if app is not None:
-        install_fixups(app)
+        fixups.install_fixups(app)

@@ -1,6 +1,6 @@
 """Corrections to Celery and kombu, applied in a worker's main process, one module each.
 
-As Celery keeps its own in ``celery/fixups/``. Each module opens with the
+Kept together as Celery keeps its own (``celery/fixups/``). Each module opens with the
 upstream package and versions it applies to, what it corrects, and when to
 delete it; :data:`FIXUPS` lists them with those versions.
 :func:`install_fixups` applies, at ``worker_init``, every fixup whose upstream
@@ -24,6 +24,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import import_module
+from typing import Any
 
 from celery import Celery
 
@@ -31,6 +32,9 @@ from ..config import SETTINGS_BY_KEY
 from . import eta_cycle, held_restore, prompt_timers, reconnect_guard
 
 logger = logging.getLogger("celery_delayed.fixups")
+
+#: Why install_fixups skipped each fixup it skipped, by name (its last call in this process).
+_skipped: dict[str, str] = {}
 
 Version = tuple[int, int, int]
 
@@ -93,28 +97,42 @@ def install_fixups(app: Celery) -> list[str]:
     """Apply every fixup in range and not disabled to this process; return the names of those applied.
 
     Call it in the worker's main process before the worker's consumer and loop
-    are made (``worker_init``). Idempotent.
+    are made (``worker_init``). Idempotent. Each fixup skipped is logged at
+    debug level with the reason.
 
     Raises:
         ConfigurationError: ``delayed_disabled_fixups`` is not a list of known fixup names.
     """
     disabled = SETTINGS_BY_KEY["disabled_fixups"].read(app.conf)
+    _skipped.clear()
     applied = []
     for fixup in FIXUPS.values():
         if fixup.name in disabled:
-            logger.debug("fixup %s skipped: named in delayed_disabled_fixups", fixup.name)
+            _skip(fixup.name, "named in delayed_disabled_fixups")
             continue
         version = upstream_version(fixup.upstream)
         if not fixup.applies_to(version):
-            logger.debug("fixup %s skipped: %s %s is outside %s", fixup.name, fixup.upstream, version,
-                         fixup.versions)
-            continue
-        if fixup.install(app):
+            _skip(fixup.name, f"{fixup.upstream} {version} is outside {fixup.versions}")
+        elif fixup.install(app):
             applied.append(fixup.name)
         else:
-            logger.debug("fixup %s skipped: nothing to correct in this process (e.g. the broker is not Redis)",
-                         fixup.name)
+            _skip(fixup.name, "nothing to correct in this process (e.g. the broker is not Redis)")
     return applied
+
+
+def _skip(name: str, reason: str) -> None:
+    _skipped[name] = reason
+    logger.debug("fixup %s skipped: %s", name, reason)
+
+
+def on_worker_setup(**_: Any) -> None:
+    """``celeryd_after_setup`` receiver: say in the worker's log what :func:`install_fixups` skipped, and why.
+
+    The worker sets its logging up after ``worker_init``, so the lines logged then did not reach it.
+    """
+    for name, reason in _skipped.items():
+        logger.debug("fixup %s skipped: %s", name, reason)
+    reconnect_guard.on_worker_setup()
 
 
 def fixups_table() -> str:

@@ -39,7 +39,15 @@ from support import wait_for
 
 from celery_delayed.config import FIXUP_NAMES, DelayedConfig
 from celery_delayed.errors import ConfigurationError
-from celery_delayed.fixups import FIXUPS, fixups_table, held_restore, install_fixups, parse_version, upstream_version
+from celery_delayed.fixups import (
+    FIXUPS,
+    fixups_table,
+    held_restore,
+    install_fixups,
+    on_worker_setup,
+    parse_version,
+    upstream_version,
+)
 from celery_delayed.testing import RedisServer
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -158,6 +166,10 @@ def test_a_fixup_outside_its_versions_or_disabled_is_skipped_with_a_debug_line(n
     with caplog.at_level(logging.DEBUG, logger="celery_delayed.fixups"):
         assert install_fixups(app) == [n for n in FIXUP_NAMES if n != name]
     assert not calls
+    assert f"fixup {name} skipped: named in delayed_disabled_fixups" in caplog.text
+    caplog.clear()  # a worker's logging is set up after worker_init: the reasons are logged again then
+    with caplog.at_level(logging.DEBUG, logger="celery_delayed.fixups"):
+        on_worker_setup()
     assert f"fixup {name} skipped: named in delayed_disabled_fixups" in caplog.text
 
 
