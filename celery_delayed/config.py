@@ -69,6 +69,15 @@ class Setting:
             if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
                 raise ConfigurationError(f"{self.name} must be a dict with str keys, got {type(value).__name__}")
             return dict(value)
+        if self.kind is tuple:  # names, each one of choices
+            if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+                raise ConfigurationError(
+                    f"{self.name} must be a list of names, got {type(value).__name__} {value!r}")
+            unknown = [v for v in value if v not in self.choices]
+            if unknown:
+                raise ConfigurationError(
+                    f"{self.name} has unknown name(s) {unknown}; the known names are {', '.join(self.choices)}")
+            return tuple(value)
         if self.kind is str:
             if not isinstance(value, str):
                 raise ConfigurationError(f"{self.name} must be a string, got {type(value).__name__} {value!r}")
@@ -98,6 +107,9 @@ class Setting:
 def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else str(x)
 
+
+#: The fixups of :mod:`celery_delayed.fixups`, by name (``delayed_disabled_fixups`` names some of them).
+FIXUP_NAMES = ("reconnect_guard", "prompt_timers", "eta_cycle", "held_restore")
 
 #: Every setting. The README's settings table is this table.
 SETTINGS: tuple[Setting, ...] = (
@@ -196,6 +208,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("rabbitmq_api_url", str, None, "RabbitMQ management API for `delayed doctor` (e.g. "
             "`http://guest:guest@127.0.0.1:15672`); `None` = the AMQP broker's host on port 15672 with its "
             "credentials", nullable=True),
+    Setting("disabled_fixups", tuple, (), "a list of the corrections to Celery and kombu a worker does not apply: "
+            + ", ".join(f"`\"{n}\"`" for n in FIXUP_NAMES) + " (see Fixes to Celery and kombu); each applies "
+            "only to the upstream versions it was written for", choices=FIXUP_NAMES),
 )
 SETTINGS_BY_KEY = {s.key: s for s in SETTINGS}
 
@@ -349,6 +364,7 @@ class DelayedConfig:
     schedule_sync_s: float
     schedule_catch_up_max: int
     rabbitmq_api_url: str | None
+    disabled_fixups: tuple[str, ...]
 
     @property
     def record_ttl_ms(self) -> int:

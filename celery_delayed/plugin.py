@@ -19,22 +19,22 @@ Importing ``celery_delayed`` changes nothing. Two explicit seams:
   code change, gives every task of a worker the store's execution record for the
   messages released from the store (:mod:`celery_delayed.worker.tracking`:
   a plain task's start and finish are recorded, a cancelled one is skipped),
-  and applies a guarded workaround for a kombu 5.7 crash in worker processes
-  (:mod:`celery_delayed.worker.kombu_fixes`), restores held messages a lost
-  broker connection could not (:mod:`celery_delayed.worker.held_restore`) and
-  fires held ETA messages without kombu's one-second pause after ten
-  (:mod:`celery_delayed.worker.timer_fix`), and frees a held ETA message's
-  request when its task is done rather than at the next full garbage
-  collection (:mod:`celery_delayed.worker.eta_cycle`).
+  and applies the corrections to Celery and kombu of
+  :mod:`celery_delayed.fixups` in worker processes
+  (:func:`~celery_delayed.fixups.install_fixups`; ``delayed_disabled_fixups``
+  leaves some out).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from celery import Celery, signals
 from celery._state import connect_on_app_finalize
 
+from . import fixups
 from .cancellation import install_revoke
-from .worker import bootstep, control, eta, eta_cycle, held_restore, intercept, kombu_fixes, timer_fix, tracking
+from .worker import bootstep, control, eta, intercept, tracking
 
 _ATTR = "_celery_delayed_installed"
 _registered = False
@@ -67,9 +67,13 @@ def register_with_celery() -> None:
     _registered = True
     bootstep.add_worker_option()
     connect_on_app_finalize(install)
-    signals.worker_init.connect(kombu_fixes.on_worker_init, weak=False)
+    signals.worker_init.connect(_install_fixups, weak=False)
     signals.worker_init.connect(tracking.on_worker_init, weak=False)
-    signals.worker_init.connect(held_restore.on_worker_init, weak=False)
-    signals.worker_init.connect(timer_fix.on_worker_init, weak=False)
-    signals.worker_init.connect(eta_cycle.on_worker_init, weak=False)
-    signals.celeryd_after_setup.connect(kombu_fixes.on_worker_setup, weak=False)
+    signals.celeryd_after_setup.connect(fixups.on_worker_setup, weak=False)
+
+
+def _install_fixups(sender: Any = None, **_: Any) -> None:
+    """``worker_init`` receiver: apply the fixups in the worker's main process (before it connects)."""
+    app = getattr(sender, "app", None)
+    if app is not None:
+        fixups.install_fixups(app)

@@ -9,10 +9,10 @@ from pathlib import Path
 import kombu
 import pytest
 
-from celery_delayed.worker.kombu_fixes import AFFECTED, _version
+from celery_delayed.fixups import FIXUPS
 
 SCENARIO = Path(__file__).resolve().parents[1] / "support" / "scenarios" / "kombu_reconnect.py"
-affected = AFFECTED[0] <= _version(kombu.__version__) < AFFECTED[1]
+affected = FIXUPS["reconnect_guard"].applies_to(kombu.__version__)
 
 
 def _run(*args: str) -> str:
@@ -32,10 +32,12 @@ def test_reconnect_after_a_redis_kill_crashes_kombu_without_the_guard_and_not_wi
 @pytest.mark.e2e
 @pytest.mark.timeout(60)
 @pytest.mark.skipif(not affected, reason=f"kombu {kombu.__version__} is outside the guarded versions")
-def test_a_worker_applies_the_guard(redis_url, uid, workers):
+@pytest.mark.parametrize("disabled", [False, True], ids=["applied", "disabled"])
+def test_a_worker_applies_the_guard_unless_it_is_disabled(redis_url, uid, workers, disabled):
     from support import WorkerProcess
 
-    w = WorkerProcess(redis_url, f"t{uid}", f"q{uid}", concurrency=1, pool="threads")
+    conf = {"delayed_disabled_fixups": ["reconnect_guard"] if disabled else []}
+    w = WorkerProcess(redis_url, f"t{uid}", f"q{uid}", concurrency=1, pool="threads", conf=conf)
     workers.append(w)
     w.wait_ready()
-    assert "guarded kombu's Redis channels" in w.output()
+    assert ("guarded kombu's Redis channels" in w.output()) is not disabled

@@ -80,7 +80,7 @@ def test_released_early_runs_on_time_never_early_and_a_cancel_still_wins(redis_u
 @pytest.mark.timeout(120)
 def test_a_burst_held_by_a_solo_worker_starts_promptly(redis_url, uid, rclient, workers):
     """300 jobs released ahead of one due instant, held by a ``-P solo`` worker: kombu's loop alone would
-    fire ten held messages per second once the worker has nothing else to read (worker/timer_fix.py)."""
+    fire ten held messages per second once the worker has nothing else to read (fixups/prompt_timers.py)."""
     app = make_app(redis_url, uid)
     prefix, queue = app.conf.delayed_key_prefix, app.conf.task_default_queue
     conf = {"delayed_lookahead_ms": 3000}
@@ -102,7 +102,7 @@ def test_a_burst_held_by_a_solo_worker_starts_promptly(redis_url, uid, rclient, 
 @pytest.mark.timeout(90)
 def test_a_held_eta_request_is_freed_when_its_task_is_done(redis_url, uid, rclient, workers):
     """Celery 5.7 keeps each ETA request's timer entry on the request, and the entry holds the request:
-    without worker/eta_cycle.py every held message (Celery's own ETA tasks and jobs released ahead of
+    without fixups/eta_cycle.py every held message (Celery's own ETA tasks and jobs released ahead of
     their due time alike) stays in memory until a full garbage collection, whose pause delays every
     timer due meanwhile (55-76 ms with 3,000 held, bench scenario 16). With it, reference counting
     frees each one when its task is done: checked with the cycle collector off in a solo worker."""

@@ -6,7 +6,7 @@ message, a ``BRPOP`` outstanding on its default channel and a ``SUBSCRIBE`` on
 a second channel (a waiting worker with its remote-control queue); then the
 server is killed and, as ``Consumer.on_connection_error_after_connected``
 does, ``connection.collect()`` and ``connection.close()`` run. Without the
-guard of ``celery_delayed.worker.kombu_fixes``, kombu 5.7 raises
+guard of ``celery_delayed.fixups.reconnect_guard``, kombu 5.7 raises
 ``AttributeError("'NoneType' object has no attribute 'hostname'")``.
 """
 
@@ -18,13 +18,13 @@ import sys
 from kombu import Connection, Exchange, Queue
 from kombu.utils.eventio import poll
 
+from celery_delayed.fixups import reconnect_guard
 from celery_delayed.testing import RedisServer
-from celery_delayed.worker.kombu_fixes import guard_detached_channels
 
 
 def main() -> None:
     if "--guard" in sys.argv:
-        assert guard_detached_channels()
+        assert reconnect_guard.install()
     server = RedisServer().start()
     ch = None
     try:

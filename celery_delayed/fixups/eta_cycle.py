@@ -1,5 +1,14 @@
 """A held ETA message's request is freed when it finishes, not by Python's cycle collector.
 
+Upstream: celery >=5.7.0,<5.8.0, ``celery.worker.strategy.default``, which
+keeps an ETA request's timer entry on the request
+(``req._eta_timer_entry``, new in 5.7.0: absent up to 5.6.3). Still present
+in 5.7.0.
+
+Delete when Celery drops a fired entry from its request (or no longer keeps
+it there). Check a new Celery version's ``strategy.default`` and
+``Consumer.on_close`` before widening the range.
+
 Celery 5.7's worker keeps the timer entry of each ETA request on the request
 (``req._eta_timer_entry = call_at(eta, apply_eta_task, (req,))``, so that
 ``Consumer.on_close`` can cancel it), and the entry's arguments hold the
@@ -45,7 +54,9 @@ def _dropping(method: Any) -> Any:
 def install() -> bool:
     """Wrap the consumer's ETA callbacks in this process (idempotent); True when they are wrapped.
 
-    Only where Celery keeps the entry on the request (``Request._eta_timer_entry``).
+    Only where Celery keeps the entry on the request (``Request._eta_timer_entry``). Applied before
+    the consumer's task strategies bind the methods (``worker_init``); the Celery versions it applies
+    to are checked by :func:`celery_delayed.fixups.install_fixups`.
     """
     from celery.worker.consumer.consumer import Consumer
     from celery.worker.request import Request
@@ -61,8 +72,3 @@ def install() -> bool:
             setattr(Consumer, name, _dropping(current))
         wrapped = True
     return wrapped
-
-
-def on_worker_init(**_: Any) -> None:
-    """``worker_init`` receiver: wrap the consumer before its task strategies bind the methods."""
-    install()

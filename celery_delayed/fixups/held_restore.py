@@ -1,5 +1,15 @@
 """Messages a worker held when its Redis broker connection was lost go back to their queues promptly.
 
+Upstream: kombu >=5.3.0,<5.8.0, its Redis transport's ``QoS.restore_unacked``
+(through the channel's own connection; a restore that failed is not tried
+again). The same code from 5.3.0 (the oldest kombu Celery 5.3 takes) to
+5.7.0; still present in 5.7.0.
+
+Delete when kombu restores a channel's unacknowledged messages once the
+broker answers again after a failed restore (or kombu's Redis transport
+restores them in some other way before its visibility timeout). Check a new
+kombu version's ``restore_unacked`` before widening the range.
+
 kombu's Redis transport keeps each delivered, unacknowledged message in its
 unacked hash, and restores a channel's messages when the channel closes
 (``QoS.restore_unacked``), through the channel's own connection. When the
@@ -28,7 +38,7 @@ import threading
 import time
 from typing import Any
 
-logger = logging.getLogger("celery_delayed.worker")
+logger = logging.getLogger("celery_delayed.fixups")
 
 _MARK = "_celery_delayed_keeps_orphans"
 #: Give up after this long (kombu's visibility timeout brings them back by then anyway).
@@ -114,8 +124,14 @@ def restore(tags: list[str]) -> int:
 
 
 def install(app: Any) -> bool:
-    """Wrap kombu's Redis ``QoS.restore_unacked`` in this process (idempotent); True when it applies."""
+    """Wrap kombu's Redis ``QoS.restore_unacked`` in this process when ``app``'s broker is Redis (idempotent).
+
+    Returns True when it applies. The kombu versions it applies to are checked by
+    :func:`celery_delayed.fixups.install_fixups`.
+    """
     global _app
+    if not _redis_broker(app):
+        return False
     from kombu.transport import redis as kredis
 
     if kredis.redis is None:
@@ -127,15 +143,9 @@ def install(app: Any) -> bool:
     return True
 
 
-def on_worker_init(sender: Any = None, **_: Any) -> None:
-    """``worker_init`` receiver: keep what a lost connection could not restore (Redis broker only)."""
-    app = getattr(sender, "app", None)
-    if app is None:
-        return
+def _redis_broker(app: Any) -> bool:
     conn = app.connection_for_write()
     try:
-        redis_broker = conn.transport.driver_type == "redis"
+        return bool(conn.transport.driver_type == "redis")
     finally:
         conn.release()
-    if redis_broker:
-        install(app)

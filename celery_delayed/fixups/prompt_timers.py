@@ -1,5 +1,14 @@
 """Messages a worker holds for their eta start on time, however many fall due at once.
 
+Upstream: kombu >=5.3.0,<5.8.0, ``kombu.asynchronous.hub.Hub.fire_timers``
+(``max_timers=10``, then ``min_delay`` of one second as the poll timeout).
+The same code from 5.3.0 (the oldest kombu Celery 5.3 takes) to 5.7.0; still
+present in 5.7.0.
+
+Delete when kombu's hub polls without waiting while due timers are left (or
+fires every due timer in one turn). Check a new kombu version's
+``fire_timers`` before widening the range.
+
 kombu's event loop (``Hub.create_loop``, which Celery's worker runs) fires at
 most ten due timers per turn (``Hub.fire_timers(max_timers=10)``) and, when
 it fired ten, returns ``min_delay`` (one second) as the next poll timeout: the
@@ -41,7 +50,11 @@ def _prompt(fire_timers: Any) -> Any:
 
 
 def install() -> bool:
-    """Wrap kombu's ``Hub.fire_timers`` in this process (idempotent); True when it is wrapped."""
+    """Wrap kombu's ``Hub.fire_timers`` in this process (idempotent); True when it is wrapped.
+
+    Applied before the worker's loop is made (``worker_init``), which binds ``fire_timers``; the kombu
+    versions it applies to are checked by :func:`celery_delayed.fixups.install_fixups`.
+    """
     from kombu.asynchronous.hub import Hub
 
     current = vars(Hub).get("fire_timers")
@@ -57,8 +70,3 @@ def installed() -> bool:
     from kombu.asynchronous.hub import Hub
 
     return bool(getattr(vars(Hub).get("fire_timers"), _MARK, False))
-
-
-def on_worker_init(**_: Any) -> None:
-    """``worker_init`` receiver: wrap the hub before the worker's loop is made."""
-    install()
