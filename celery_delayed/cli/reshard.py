@@ -32,8 +32,8 @@ def reshard(ctx: click.Context, shards: int, wait_s: float, as_json: bool) -> No
             from ..sql.rows import get_rows  # an optional extra: only with a database
 
             rows = get_rows(app)
-        mover = Resharder(store, rows, progress=lambda line: click.echo(line, err=True))
-        report = mover.run(shards, wait_s=wait_s)
+        resharder = Resharder(store, rows, progress=lambda line: click.echo(line, err=True))
+        report = resharder.run(shards, wait_s=wait_s)
     click.echo(report_json(report) if as_json else describe(report))
     if not report.finished:
         ctx.exit(3)
