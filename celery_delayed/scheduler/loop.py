@@ -28,10 +28,10 @@ from kombu.exceptions import OperationalError
 from ..config import get_config
 from ..doctor import PROBLEM, store_findings
 from ..errors import ConfigurationError, DelayedError, LeaseLost, StoreFull, StoreUnavailable
-from ..schedules import config_entries
+from ..schedules.definition import config_entries
+from ..schedules.keeper import Recurrer
 from ..store import LAYOUT_NOTICE, Store
 from .maintenance import Maintenance
-from .recurring import Recurrer
 from .releaser import Releaser, make_releaser
 from .wakeup import WakeListener
 
@@ -403,7 +403,7 @@ class Scheduler:
             self.preflight()
         if self.maintenance is None:
             self._start_maintenance()
-        if self.recurrer is None:  # recurring schedules (scheduler/recurring.py)
+        if self.recurrer is None:  # recurring schedules (schedules/keeper.py)
             self.recurrer = Recurrer(self.app, self.store, self.owner, self.held_fences)
             self.recurrer.start()
         if time.monotonic() >= self._next_heartbeat:

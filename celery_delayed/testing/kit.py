@@ -50,7 +50,7 @@ from ..vocab import Field
 from ..worker.tracking import track_plain_tasks
 
 if TYPE_CHECKING:  # imported when first used: the kit needs the scheduler only for recurring schedules
-    from ..scheduler.recurring import Recurrer
+    from ..schedules.keeper import Recurrer
 
 __all__ = ["DelayedClock", "DelayedTestKit", "RanJob", "ScheduledJob"]
 
@@ -296,7 +296,7 @@ class DelayedTestKit:
         """Store the recurring schedules' occurrences due soon by the kit's clock, as a scheduler
         would (``delayed_schedule`` and run-time ones); :meth:`release_due` does it first. Returns
         how many occurrences were stored."""
-        from ..scheduler.recurring import Recurrer  # the scheduler's keeper of recurring schedules
+        from ..schedules.keeper import Recurrer  # the scheduler's keeper of recurring schedules
 
         if self._recurrer is None:
             shards = dict.fromkeys(self.store.layout.shard_range(), "")  # '': no lease to hold

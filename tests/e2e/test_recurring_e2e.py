@@ -17,7 +17,7 @@ from support import SchedulerProcess, WorkerProcess, make_app, ran, wait_for
 
 from celery_delayed import get_store
 from celery_delayed import schedules as api
-from celery_delayed.schedules import occurrence_id
+from celery_delayed.schedules.occurrences import occurrence_id
 
 pytestmark = [pytest.mark.e2e]
 

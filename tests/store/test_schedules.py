@@ -12,8 +12,9 @@ from support import make_app
 from celery_delayed import get_store
 from celery_delayed import schedules as api
 from celery_delayed.errors import InvalidOption, ScheduleNotFound
-from celery_delayed.scheduler.recurring import Recurrer
-from celery_delayed.schedules import definition, occurrence_id, plan
+from celery_delayed.schedules.definition import definition
+from celery_delayed.schedules.keeper import Recurrer
+from celery_delayed.schedules.occurrences import occurrence_id, plan
 
 pytestmark = pytest.mark.timeout(60)
 

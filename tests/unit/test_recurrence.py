@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from celery_delayed.errors import InvalidOption
-from celery_delayed.recurrence import (
+from celery_delayed.schedules.rules import (
     Cron,
     Every,
     fires_between,

@@ -30,7 +30,7 @@ from datetime import date, datetime, timedelta, timezone, tzinfo
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from .errors import InvalidOption
+from ..errors import InvalidOption
 
 #: How far ahead (and back) a cron is searched for a matching day (covers 29 February on a given weekday).
 _MAX_DAYS = 366 * 30

@@ -26,7 +26,7 @@ missed the next fire time), so only the latest runs.
 The config (``delayed_schedule``, ``beat_schedule`` with
 ``delayed_import_beat_schedule``) is written to the store when this scheduler
 starts, and every ``delayed_schedule_sync_s`` for
-entries of its config that changed since it last looked (see :func:`celery_delayed.schedules.config_entries`). A
+entries of its config that changed since it last looked (see :func:`.definition.config_entries`). A
 scheduler never overwrites or removes a config entry that a scheduler started
 after it wrote: during a rolling deploy the old config never undoes the new.
 """
@@ -41,10 +41,11 @@ from collections.abc import Callable
 from celery import Celery
 
 from ..errors import LeaseLost, StoreUnavailable
-from ..schedules import cancel_occurrences, config_entries, config_hash, store_ahead
 from ..store import Store
 from ..store.schedules import StoredSchedule
 from ..vocab import JobState
+from .definition import config_entries, config_hash
+from .occurrences import cancel_occurrences, store_ahead
 
 logger = logging.getLogger("celery_delayed.scheduler")
 

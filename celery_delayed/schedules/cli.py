@@ -12,9 +12,10 @@ import json
 
 import click
 
-from .. import schedules as _schedules
+from ..cli._common import app_of, delayed, errors, fmt_ms, json_line
 from ..errors import InvalidOption
-from ._common import app_of, delayed, errors, fmt_ms, json_line
+from . import api as _schedules
+from .definition import MISFIRE_POLICIES
 
 
 @delayed.group(name="schedules")
@@ -61,7 +62,7 @@ def show(ctx: click.Context, name: str) -> None:
 @click.option("--args", "args_json", default="[]", show_default=True, help="The task's args, a JSON list.")
 @click.option("--kwargs", "kwargs_json", default="{}", show_default=True, help="The task's kwargs, a JSON object.")
 @click.option("--timezone", "tz", default=None, help="IANA zone of a cron (default: the app's timezone).")
-@click.option("--misfire", type=click.Choice(_schedules.MISFIRE_POLICIES), default="latest", show_default=True,
+@click.option("--misfire", type=click.Choice(MISFIRE_POLICIES), default="latest", show_default=True,
               help="Occurrences an outage missed: run the latest once, none, or each.")
 @click.option("--queue", default=None, help="Send occurrences to this queue.")
 @click.option("--skip-if-running", is_flag=True, help="Skip an occurrence while the previous one still runs.")
