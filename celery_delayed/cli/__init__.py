@@ -2,7 +2,7 @@
 
 Sub-commands: ``run`` and ``status`` (:mod:`.scheduler`); ``list``, ``show``
 and ``cancel`` (:mod:`.jobs`); ``dlq list | show | requeue | purge``
-(:mod:`.dlq`); ``db init`` and ``reconcile`` (:mod:`.durability`); ``pause``, ``resume``, ``promote``,
+(:mod:`celery_delayed.dlq.cli`); ``db init`` and ``reconcile`` (:mod:`.durability`); ``pause``, ``resume``, ``promote``,
 ``doctor`` (:mod:`.ops`); ``web`` (:mod:`.web`); ``schedules list | show | add | remove | pause |
 resume | run-now`` (:mod:`celery_delayed.schedules.cli`). Every command prints one clear line and exits 1 on a
 celery-delayed error (bad settings, store unreachable or full, no such job).
@@ -15,9 +15,10 @@ and every app it loads is installed).
 
 from __future__ import annotations
 
+from ..dlq import cli as dlq
 from ..plugin import register_with_celery
 from ..schedules import cli as schedules
-from . import dlq, durability, jobs, ops, reshard, scheduler, web
+from . import durability, jobs, ops, reshard, scheduler, web
 from ._common import delayed
 
 __all__ = ["delayed", "dlq", "durability", "jobs", "ops", "reshard", "scheduler", "schedules", "web"]

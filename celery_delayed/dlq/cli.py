@@ -10,8 +10,8 @@ from __future__ import annotations
 import click
 
 from .. import dlq as _dlq
+from ..cli._common import app_of, delayed, errors, fmt_ms, json_line, paged, show_record
 from ..store import get_store
-from ._common import app_of, delayed, errors, fmt_ms, json_line, paged, show_record
 
 
 @delayed.group(name="dlq")

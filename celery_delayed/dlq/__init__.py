@@ -1,16 +1,20 @@
 """The dead-letter queue from Python: list, inspect, requeue and purge jobs that ran out of attempts.
 
-Thin functions over :class:`celery_delayed.store.DeadLetters` (which documents
-what a dead letter holds and how the queue is bounded). Each takes the app (or
-its store). Times are the Redis server's clock, epoch ms.
+Thin functions over the store's dead-letter facet
+(:class:`celery_delayed.store.dead_letters.DeadLetters`, which documents what
+a dead letter holds and how the queue is bounded). Each takes the app (or its
+store). Times are the Redis server's clock, epoch ms. The feature's other
+parts: :mod:`.cli` (``celery -A proj delayed dlq ...``), and the worker's
+failure path (:mod:`celery_delayed.worker.failures`), which dead-letters a job
+whose attempts ran out.
 """
 
 from __future__ import annotations
 
 from celery import Celery
 
-from .store import DeadLetter, DeadLetters, Store, get_store
-from .timeutil import due_spec
+from ..store import DeadLetter, DeadLetters, Store, get_store
+from ..timeutil import due_spec
 
 __all__ = ["DeadLetter", "count", "list_dead", "purge", "requeue", "requeue_all", "show"]
 
