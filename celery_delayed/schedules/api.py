@@ -82,18 +82,23 @@ def list(app: Celery) -> builtins.list[Schedule]:
     return [_info(rec, s, now) for s in rec.all()]
 
 
+def _stored(app: Celery, name: str) -> tuple[Store, StoredSchedule]:
+    """The app's store and the schedule ``name`` in it; raise :class:`ScheduleNotFound`."""
+    store = get_store(app)
+    s = store.schedules.get(name)
+    if s is None:
+        raise ScheduleNotFound(name)
+    return store, s
+
+
 def get(app: Celery, name: str) -> Schedule:
     """One recurring schedule.
 
     Raises:
         ScheduleNotFound: there is none of that name.
     """
-    store = get_store(app)
-    rec = store.schedules
-    s = rec.get(name)
-    if s is None:
-        raise ScheduleNotFound(name)
-    return _info(rec, s, store.redis.now_ms())
+    store, s = _stored(app, name)
+    return _info(store.schedules, s, store.redis.now_ms())
 
 
 def add(app: Celery, name: str, task: str, schedule: object, args: Sequence[Any] = (),
@@ -179,11 +184,7 @@ def run_now(app: Celery, name: str) -> DelayedResult:
     """
     from ..api import store_prepared  # the API module imports the producer; this keeps the import graph flat
 
-    store = get_store(app)
-    rec = store.schedules
-    s = rec.get(name)
-    if s is None:
-        raise ScheduleNotFound(name)
+    _, s = _stored(app, name)
     d = s.definition
     task = app.tasks.get(d["task"])
     opts = (task_defaults(task) if task is not None else {}) | d["options"]
