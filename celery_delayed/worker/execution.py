@@ -3,7 +3,8 @@
 ``start.lua`` (:meth:`Store.start <celery_delayed.store.Store.start>`)
 re-reads the job's record just before the body runs and takes its execution
 lease (fields ``lo``/``lu``); a :class:`LeaseKeeper` (one heartbeat thread per
-process) extends it while the body runs; ``finish.lua`` records the outcome.
+process) extends it while the body runs; one script ends the attempt and
+gives the lease back (:mod:`.ending`): ``finish.lua`` records the outcome.
 A SUCCEEDED record is the done marker that turns a redelivery into a no-op
 until it expires.
 """
@@ -27,16 +28,13 @@ logger = logging.getLogger("celery_delayed.worker")
 
 @dataclass
 class Execution:
-    """One running execution of a job: who holds its lease, and what the failure handler did."""
+    """One running execution of a job: who holds its lease."""
 
     job_id: str
     shard: int
     owner: str
     attempt: int
     delivery_tag: str = ""  # the message's, to keep kombu's unacked entry fresh
-    #: The exception the failure handler already settled (dead-lettered) in this
-    #: execution, so that the task does not handle it twice.
-    settled: BaseException | None = None
 
 
 def execution_token(hostname: str, delivery_tag: object) -> str:

@@ -47,10 +47,11 @@ from celery.utils.saferepr import saferepr
 from ..config import DelayedConfig, resolve
 from ..errors import ConfigurationError
 from ..producer.message import build_message, split_options
-from ..store import Outcome, Store
+from ..store import Store
 from ..timeutil import due_spec, eta_iso
 from ..vocab import DELAY_HEADER, Field, job_headers
 from .backoff import Backoff, rng_for
+from .ending import AttemptEnd, End, Ended
 
 logger = logging.getLogger("celery_delayed.retrying")
 
@@ -132,7 +133,6 @@ class Attempt:
     args: Sequence[Any]
     kwargs: Mapping[str, Any]
     options: Mapping[str, Any]
-    owner: str = ""  # the execution lease's owner token; '' when untracked
     hostname: str = ""
     prev_delay_ms: int | None = None  # the backoff delay before this attempt (decorrelated jitter)
     task_type: Any = None
@@ -179,14 +179,16 @@ class Failures:
         return {Field.TASK: attempt.task_name, **built.record_fields(self.store.broker)}
 
     def retry(
-        self, attempt: Attempt, policy: RetryPolicy, exc: BaseException | None = None, *,
+        self, attempt: Attempt, end: AttemptEnd, policy: RetryPolicy, exc: BaseException | None = None, *,
         countdown: float | None = None, eta: Any = None,
-    ) -> Outcome:
-        """Schedule the next attempt at ``eta``, ``countdown`` seconds from now, or the backoff delay.
+    ) -> Ended:
+        """End the attempt by scheduling the next one at ``eta``, ``countdown`` seconds from now, or
+        the backoff delay.
 
-        Returns the store's outcome: OK (``due_ms`` says when), UNCHANGED
-        (another delivery scheduled it already), WRONG_STATE or NOT_OWNER
-        (cancelled, finished, or running elsewhere: nothing changed).
+        Returns how the attempt ended: by ``retry.lua`` with its outcome, OK
+        (``due_ms`` says when), UNCHANGED (another delivery scheduled it
+        already), WRONG_STATE or NOT_OWNER (cancelled, finished, or running
+        elsewhere: nothing changed); or as it had ended already.
         """
         delay_ms: int | None = None
         tz = self.app.timezone
@@ -206,36 +208,37 @@ class Failures:
             fields.pop(Field.TRACEBACK)  # the traceback is kept for the dead letter only
         fields[Field.HOST] = attempt.hostname
         fields[Field.DELAY] = "" if delay_ms is None else str(delay_ms)
-        return self.store.executions.retry(attempt.job_id, attempt.shard, due, attempt.number, fields,
-                                           owner=attempt.owner)
+        return end.retry(due, attempt.number, fields)
 
-    def dead_letter(self, attempt: Attempt, exc: BaseException, tb: str | None = None) -> Outcome:
-        """Move the job to the dead-letter queue with its arguments, exception and traceback."""
+    def dead_letter(self, attempt: Attempt, end: AttemptEnd, exc: BaseException, tb: str | None = None) -> Ended:
+        """End the attempt by moving the job to the dead-letter queue with its arguments, exception and
+        traceback; return how the attempt ended."""
         # The dead letter keeps a message ready to requeue: retries back to 0.
         fields = self.attempt_fields(attempt, 0)
         fields.update(exception_fields(exc, tb))
         fields.update({Field.HOST: attempt.hostname, Field.ARGS: saferepr(attempt.args, _REPR_MAX),
                        Field.KWARGS: saferepr(attempt.kwargs, _REPR_MAX), Field.ATTEMPTS: str(attempt.number),
                        Field.DELAY: ""})
-        outcome = self.store.executions.dead(attempt.job_id, attempt.shard, fields, owner=attempt.owner)
-        if not outcome.ok:
-            logger.warning("%s[%s] ran out of attempts but its record is %s: not dead-lettered",
-                           attempt.task_name, attempt.job_id, outcome.state)
-            return outcome
+        ended = end.dead(fields)
+        if ended.by is not End.DEAD or ended.outcome is None or not ended.outcome.ok:
+            logger.warning("%s[%s] ran out of attempts but %s: not dead-lettered", attempt.task_name,
+                           attempt.job_id, _not_done(ended, End.DEAD))
+            return ended
         logger.error("%s[%s] dead-lettered after %s attempt(s): %s", attempt.task_name, attempt.job_id,
                      attempt.number, fields[Field.ERROR_TYPE])
         if self.store.config.dlq_queue:
             self._publish_dead_letter(attempt, fields)
-        return outcome
+        return ended
 
-    def fail(self, attempt: Attempt, exc: BaseException, tb: str | None = None) -> Outcome:
-        """Mark the job FAILED (a final failure that is not dead-lettered)."""
+    def fail(self, attempt: Attempt, end: AttemptEnd, exc: BaseException, tb: str | None = None) -> Ended:
+        """End the attempt by marking the job FAILED (a final failure that is not dead-lettered);
+        return how the attempt ended."""
         fields = exception_fields(exc, tb)
         fields[Field.HOST] = attempt.hostname
-        outcome = self.store.executions.fail(attempt.job_id, attempt.shard, fields, owner=attempt.owner)
-        if not outcome.ok:
-            logger.info("%s[%s] failed; its record stays %s", attempt.task_name, attempt.job_id, outcome.state)
-        return outcome
+        ended = end.fail(fields)
+        if ended.by is not End.FAIL or ended.outcome is None or not ended.outcome.ok:
+            logger.info("%s[%s] failed; %s", attempt.task_name, attempt.job_id, _not_done(ended, End.FAIL))
+        return ended
 
     def _publish_dead_letter(self, attempt: Attempt, fields: Mapping[str, str]) -> None:
         cfg = self.store.config
@@ -247,3 +250,10 @@ class Failures:
             self.app.send_task(cfg.dlq_task, kwargs={"letter": json.loads(json.dumps(letter))}, queue=cfg.dlq_queue)
         except Exception:  # the dead letter is stored; the notification is best effort
             logger.exception("could not publish the dead letter of %s to %s", attempt.job_id, cfg.dlq_queue)
+
+
+def _not_done(ended: Ended, wanted: End) -> str:
+    """Why ``ended`` is not the ``wanted`` end done, for a log line."""
+    if ended.by is not wanted:
+        return f"the attempt had ended already ({ended.by}: {ended.state})"
+    return f"its record is {ended.outcome.state if ended.outcome is not None else 'unknown'}"

@@ -22,7 +22,9 @@ the ``delayed`` command's entry point. A producer process calls
 
 A call with ``retries`` > 0 (``Task.retry``) keeps its task id: the store
 schedules the next attempt on the job's record (``retry.lua``), whatever
-state a previous attempt left it in, unless the job was cancelled. Other
+state a previous attempt left it in, unless the job was cancelled. Made by
+the job's own running attempt, it ends that attempt (under its execution
+lease, :mod:`~celery_delayed.worker.ending`). Other
 calls become new jobs (``apply_later``); a task id that is still pending in
 the store raises ``DuplicateJob``.
 
@@ -62,6 +64,7 @@ from ..result import DelayedResult
 from ..store import Store, get_store
 from ..timeutil import due_spec, localize
 from ..vocab import ETA_HEADER, SHARD_HEADER, Reply
+from .ending import AttemptEnd, End, of_request
 from .execution import job_shard
 from .failures import Attempt, Failures
 
@@ -208,9 +211,14 @@ def _store_retry(app: Celery, name: str, args: Any, kwargs: Any, when: Any, task
         s = _valid_shard(shard, store, store.layout.shard_of(task_id))
     attempt = Attempt(task_id, s, name, retries, args, kwargs, opts, task_type=task_type)
     fields = Failures(app, store).attempt_fields(attempt, retries, eta=eta, properties=properties)
-    outcome = store.executions.retry(task_id, s, due_spec(when, app.timezone), retries, fields)
-    if outcome.code < 0:
-        raise InvalidState(task_id, outcome.state, "retry")
+    # The retry of the attempt running here ends that attempt (under its lease): the run then sends no finish.
+    end = of_request(running.request) if running is not None and running.request.id == task_id else None
+    if end is None or end.store is not store or end.shard != s:
+        end = AttemptEnd(store, task_id, s, task_name=name)
+    ended = end.retry(due_spec(when, app.timezone), retries, fields)
+    outcome = ended.outcome
+    if ended.by is not End.RETRY or outcome is None or outcome.code < 0:
+        raise InvalidState(task_id, outcome.state if outcome is not None else ended.state, "retry")
     return DelayedResult(task_id, store=store, shard=s, due_ms=outcome.due_ms, created=outcome.code == Reply.OK)
 
 

@@ -74,6 +74,7 @@ from ..result import DelayedResult
 from ..store import Store
 from ..timeutil import from_ms
 from ..vocab import DELAY_HEADER, Reply, request_header
+from .ending import AttemptEnd, End, Ended, of_request
 from .execution import Execution, job_shard, job_store
 from .failures import BACKOFF_OPTIONS, Attempt, Failures, RetryPolicy
 from .tracking import EXECUTION_ATTR, run_tracked
@@ -194,12 +195,10 @@ class DelayedTask(Task):  # type: ignore[misc]
         """The running attempt, with what Celery's ``Task.retry`` would send next (explicit options win)."""
         req = self.request
         sig = self.signature_from_request(req, args, kwargs, **options)
-        execution = self.delayed_execution
         prev = request_header(req, DELAY_HEADER)
         return Attempt(
             job_id=req.id, shard=job_shard(store, req), task_name=self.name, number=int(req.retries or 0) + 1,
-            args=sig.args, kwargs=sig.kwargs, options=dict(sig.options),
-            owner=execution.owner if execution is not None else "", hostname=str(req.hostname or ""),
+            args=sig.args, kwargs=sig.kwargs, options=dict(sig.options), hostname=str(req.hostname or ""),
             prev_delay_ms=int(prev) if isinstance(prev, (int, float)) and not isinstance(prev, bool) else None,
             task_type=self,
         )
@@ -259,15 +258,21 @@ class DelayedTask(Task):  # type: ignore[misc]
         policy = RetryPolicy.resolve(self, store.config, own["max_attempts"],
                                      **{k: own[k] for k in BACKOFF_OPTIONS})
         attempt = self._delayed_attempt(store, own["args"], own["kwargs"], **options)
+        end = self._delayed_end(store, attempt)
+        failures = Failures(self._get_app(), store)
         if attempt.number >= policy.max_attempts:
             final = exc if exc is not None else MaxRetriesExceededError(
                 f"can't retry {self.name}[{attempt.job_id}]: {attempt.number} attempts used"
             )
-            self._delayed_dead_letter(store, final, None)
+            # The dead letter keeps the request's own message (the one requeue sends again).
+            failures.dead_letter(self._delayed_attempt(store), end, final)
             raise final
-        outcome = Failures(self._get_app(), store).retry(attempt, policy, exc, countdown=countdown, eta=own["eta"])
-        if outcome.code in (Reply.WRONG_STATE, Reply.NOT_OWNER):  # cancelled, finished, or running elsewhere
-            logger.warning("not retrying %s[%s]: the job is %s", self.name, attempt.job_id, outcome.state)
+        ended = failures.retry(attempt, end, policy, exc, countdown=countdown, eta=own["eta"])
+        outcome = ended.outcome if ended.by is End.RETRY else None
+        if outcome is None or outcome.code in (Reply.WRONG_STATE, Reply.NOT_OWNER):
+            # cancelled, finished, running elsewhere, or this attempt had ended otherwise
+            state = outcome.state if outcome is not None else f"{ended.state} ({ended.by})"
+            logger.warning("not retrying %s[%s]: the job is %s", self.name, attempt.job_id, state)
             raise Ignore()
         logger.info("retry %s of %s[%s] scheduled for %s", attempt.number, self.name, attempt.job_id,
                     from_ms(outcome.due_ms))
@@ -276,36 +281,34 @@ class DelayedTask(Task):  # type: ignore[misc]
             raise ret
         return ret
 
-    def delayed_handle_failure(self, exc: BaseException, einfo: Any) -> None:
-        """Called when the body raised: retry through the store, dead-letter, or mark FAILED.
+    def delayed_handle_failure(self, exc: BaseException, einfo: Any) -> Ended | None:
+        """Called when the body raised: end the attempt with a retry through the store, a dead letter, or FAILED.
 
-        Raises ``Retry`` when the job is retried through the store; returns
-        None when the failure is final (the job is DEAD or FAILED), and the
-        caller re-raises ``exc``.
+        Returns how the attempt ended when the failure is final (the job is
+        DEAD or FAILED; the caller re-raises ``exc``); None when ``exc`` is
+        not a failure this decides (``Retry``, ``Ignore``, ``Reject``) or the
+        task runs outside a worker. Raises ``Retry`` when the job is retried
+        through the store (the attempt has ended then too).
         """
         if isinstance(exc, (Retry, Ignore, Reject)) or not self._delayed_in_worker():
-            return
-        execution = self.delayed_execution
-        if execution is not None and execution.settled is exc:
-            return  # retry_later dead-lettered it already
+            return None
         store = self._delayed_store()
         policy = RetryPolicy.resolve(self, store.config)
-        number = int(self.request.retries or 0) + 1
-        if policy.retryable(exc):
-            if number < policy.max_attempts:
-                self.retry_later(exc=exc)
-            self._delayed_dead_letter(store, exc, einfo)
-        elif policy.dlq_all_failures:
-            self._delayed_dead_letter(store, exc, einfo)
-        else:
-            Failures(self._get_app(), store).fail(self._delayed_attempt(store), exc, _traceback(einfo))
+        if policy.retryable(exc) and int(self.request.retries or 0) + 1 < policy.max_attempts:
+            self.retry_later(exc=exc)  # raises Retry (or Ignore when the job cannot be retried)
+        attempt = self._delayed_attempt(store)
+        end = self._delayed_end(store, attempt)
+        failures = Failures(self._get_app(), store)
+        if policy.retryable(exc) or policy.dlq_all_failures:
+            return failures.dead_letter(attempt, end, exc, _traceback(einfo))
+        return failures.fail(attempt, end, exc, _traceback(einfo))
 
-    def _delayed_dead_letter(self, store: Store, exc: BaseException, einfo: Any) -> None:
-        """Dead-letter the running job (once per execution)."""
-        execution = self.delayed_execution
-        if execution is not None:
-            execution.settled = exc
-        Failures(self._get_app(), store).dead_letter(self._delayed_attempt(store), exc, _traceback(einfo))
+    def _delayed_end(self, store: Store, attempt: Attempt) -> AttemptEnd:
+        """What ends the running attempt: the tracked execution's, else one for this call (no lease)."""
+        end = of_request(self.request)
+        if end is not None and end.job_id == attempt.job_id and end.store is store:
+            return end
+        return AttemptEnd(store, attempt.job_id, attempt.shard, task_name=self.name)
 
 
 def _traceback(einfo: Any) -> str | None:

@@ -4,10 +4,12 @@
 other task does when its message came from the store (it names its shard):
 ``start.lua`` decides (run, skip a cancelled, done or superseded delivery,
 wait while another execution holds the lease), a heartbeat keeps the lease,
-``finish.lua`` records the outcome. So a plain task given to ``apply_later``
-or intercepted from ``apply_async(countdown=)`` is tracked too: the
-reconciler knows it started, a cancel after release skips it, a redelivery
-of a completed one is a no-op.
+and the attempt ends with one store call (:mod:`.ending`): ``finish.lua``
+records the outcome, unless the body or its failure handling ended the
+attempt already (a retry, a dead letter, a final failure). So a plain task
+given to ``apply_later`` or intercepted from ``apply_async(countdown=)`` is
+tracked too: the reconciler knows it started, a cancel after release skips
+it, a redelivery of a completed one is a no-op.
 
 :func:`track_plain_tasks` gives the tasks of an app that are not
 ``DelayedTask`` a ``__call__`` that does this for store messages only; a
@@ -29,8 +31,9 @@ from celery.backends.base import DisabledBackend
 from celery.exceptions import Ignore, Reject, Retry
 
 from ..errors import StoreUnavailable
-from ..store import Outcome, Started, Store
+from ..store import Started, Store
 from ..vocab import GENERATION_HEADER, JobState, request_header, request_shard
+from .ending import REQUEST_ATTR, AttemptEnd, Ended
 from .execution import Execution, LeaseKeeper, delivery_tag, execution_token, job_shard, job_store
 
 logger = logging.getLogger("celery_delayed.worker")
@@ -41,7 +44,7 @@ EXECUTION_ATTR = "delayed_execution"
 _TRACKED = "_celery_delayed_tracked"
 
 Body = Callable[..., Any]
-OnFailure = Callable[[BaseException, Any], None]
+OnFailure = Callable[[BaseException, Any], Ended | None]
 
 
 def from_store(request: Any) -> bool:
@@ -53,7 +56,9 @@ def run_tracked(task: Task, body: Body, args: Any, kwargs: Any, on_failure: OnFa
     """Run ``body(*args, **kwargs)`` for the job ``task.request`` delivers, under the job's execution record.
 
     ``on_failure(exc, einfo)`` (DelayedTask's retry / dead-letter / fail)
-    runs when the body raises; without it a failure is recorded as FAILED.
+    runs when the body raises and has not ended the attempt itself; it ends
+    the attempt and returns how (or raises ``Retry``). Without it, or when it
+    returns None, the failure is recorded as FAILED.
     """
     req = task.request
     store = job_store(task._get_app(), req)
@@ -79,12 +84,15 @@ def run_tracked(task: Task, body: Body, args: Any, kwargs: Any, on_failure: OnFa
         logger.info("Skipping %s[%s]: %s (duplicate delivery)", task.name, req.id, why)
         raise Ignore()
     execution = Execution(req.id, shard, owner, started.attempt, tag)
-    # The body's request context copies this attribute: retry_later finds the execution there.
+    end = AttemptEnd(store, req.id, shard, owner, task.name)
+    # The body's request context copies these attributes: retry_later finds the attempt there.
     setattr(req, EXECUTION_ATTR, execution)
+    setattr(req, REQUEST_ATTR, end)
     try:
-        return _run(task, store, execution, body, args, kwargs, on_failure)
+        return _run(task, store, execution, end, body, args, kwargs, on_failure)
     finally:
         setattr(req, EXECUTION_ATTR, None)
+        setattr(req, REQUEST_ATTR, None)
 
 
 def _start(task: Task, store: Store, job_id: str, shard: int, owner: str, hostname: str) -> Started:
@@ -112,61 +120,40 @@ def _store_down(task: Task, exc: StoreUnavailable, body: Body, args: Any, kwargs
     return body(*args, **kwargs)
 
 
-def _finish(task: Task, store: Store, ex: Execution, outcome: str, reason: str = "") -> None:
-    # The body's outcome stands even if it cannot be recorded; the lease then
-    # passes and a later redelivery may run the body again (documented).
-    try:
-        if outcome == JobState.SUCCEEDED:
-            # Sent now, its reply read with this thread's next store call: no round trip waited for.
-            store.executions.finish_later(ex.job_id, ex.shard, ex.owner, outcome, reason,
-                               on_outcome=functools.partial(_recorded, task.name, ex.job_id, outcome))
-            return
-        result = store.executions.finish(ex.job_id, ex.shard, ex.owner, outcome, reason)
-    except Exception as exc:  # the store is down, full, or refused the write
-        _recorded(task.name, ex.job_id, outcome, exc)
-        return
-    _recorded(task.name, ex.job_id, outcome, result)
-
-
-def _recorded(name: str, job_id: str, outcome: str, result: Outcome | Exception) -> None:
-    if isinstance(result, Exception):
-        logger.error("Could not record %s of %s[%s]: %s", outcome, name, job_id, result)
-    elif outcome == JobState.SUCCEEDED and not result.ok and result.state and result.state != outcome:
-        logger.warning("Job %s[%s] finished, but its record says %s: not marked SUCCEEDED",
-                       name, job_id, result.state)
-
-
-def _run(task: Task, store: Store, ex: Execution, body: Body, args: Any, kwargs: Any,
+def _run(task: Task, store: Store, ex: Execution, end: AttemptEnd, body: Body, args: Any, kwargs: Any,
          on_failure: OnFailure | None) -> Any:
     from billiard.einfo import ExceptionInfo
 
+    # Every way out ends the attempt through `end`, which makes one store call: when the
+    # body already ended it (a retry through the store, a dead letter when its retries ran
+    # out), the finish below is not sent.
     keeper = LeaseKeeper(store, ex).start()
     try:
         result = body(*args, **kwargs)
-    except Retry:  # a retry sent a new message or scheduled the job again: the next delivery may start it
+    except Retry:  # through the store: ended; else Celery sent a new message, which may start it
         keeper.stop()
-        _finish(task, store, ex, JobState.QUEUED)
+        end.finish(JobState.QUEUED)
         raise
     except Reject as exc:
         keeper.stop()
-        _finish(task, store, ex, JobState.QUEUED if exc.requeue else JobState.FAILED, f"rejected: {exc.reason!r}")
+        end.finish(JobState.QUEUED if exc.requeue else JobState.FAILED, f"rejected: {exc.reason!r}")
         raise
     except Ignore:  # the body chose to end here: that is its completion
         keeper.stop()
-        _finish(task, store, ex, JobState.SUCCEEDED)
+        end.finish(JobState.SUCCEEDED)
         raise
     except Exception as exc:
         keeper.stop()
         try:
-            if on_failure is not None:
+            if on_failure is not None and end.ended is None:
                 on_failure(exc, ExceptionInfo())
         finally:
-            # A failure nobody handled must not hold the job RUNNING until the lease passes.
-            _finish(task, store, ex, JobState.FAILED, f"{type(exc).__name__}: {exc}"[:1000])
+            # A failure nobody recorded must not hold the job RUNNING until the lease passes.
+            end.finish(JobState.FAILED, f"{type(exc).__name__}: {exc}"[:1000])
         raise
     finally:
         keeper.stop()
-    _finish(task, store, ex, JobState.SUCCEEDED)
+    end.finish(JobState.SUCCEEDED)
     return result
 
 
