@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import math
+import re
+import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import redis
+from celery import Celery
 from celery.exceptions import Ignore, Retry
 from support import SchedulerProcess, WorkerProcess, make_app, wait_for
 from support.delivery import looked_ahead
@@ -14,7 +21,10 @@ from support.retry import QueueWatch, runs
 
 from celery_delayed import DelayedTask, apply_later, dlq, get_store
 from celery_delayed.errors import ConfigurationError, InvalidOption, InvalidWhen
+from celery_delayed.store.loader import scripts
+from celery_delayed.testing import DelayedTestKit
 from celery_delayed.vocab import DELAY_HEADER, Reply
+from celery_delayed.worker import intercept
 from celery_delayed.worker.backoff import Backoff, rng_for
 
 SEED = 20261130
@@ -187,12 +197,16 @@ def _running(app: Any, retries: int = 0, **attrs: Any) -> tuple[Any, Any]:
 
 
 def _decide(app: Any, exc: BaseException, retries: int = 0, **attrs: Any) -> tuple[str, dict[str, str]]:
-    """Run delayed_handle_failure for a released job at attempt ``retries + 1``; return (outcome, record)."""
+    """Run delayed_handle_failure for a released job at attempt ``retries + 1``; return (outcome, record).
+
+    The outcome: "retry" (it raised Retry), the script that ended the attempt ("dead", "fail"), or
+    "none" (not a failure it ends).
+    """
     task, h = _running(app, retries, **attrs)
     store = get_store(app)
     try:
-        task.delayed_handle_failure(exc, None)
-        outcome = "returned"
+        ended = task.delayed_handle_failure(exc, None)
+        outcome = "none" if ended is None else str(ended.by)
     except Retry:
         outcome = "retry"
     finally:
@@ -204,15 +218,15 @@ def test_failure_decision(app):
     out, rec = _decide(app, Boom("x"), autoretry_for=(Boom,), max_attempts=3)
     assert out == "retry" and rec["st"] == "SCHEDULED" and rec["retries"] == "1"
     out, rec = _decide(app, Boom("x"), retries=2, autoretry_for=(Boom,), max_attempts=3)
-    assert out == "returned" and rec["st"] == "DEAD" and rec["attempts"] == "3"
+    assert out == "dead" and rec["st"] == "DEAD" and rec["attempts"] == "3"
     out, rec = _decide(app, KeyError("k"), autoretry_for=(Boom,))
-    assert out == "returned" and rec["st"] == "FAILED" and rec["etype"] == "builtins.KeyError"
+    assert out == "fail" and rec["st"] == "FAILED" and rec["etype"] == "builtins.KeyError"
     out, rec = _decide(app, KeyError("k"), dlq_all_failures=True)
-    assert out == "returned" and rec["st"] == "DEAD"
+    assert out == "dead" and rec["st"] == "DEAD"
     out, rec = _decide(app, Boom("x"), autoretry_for=(ValueError,), dont_autoretry_for=(Boom,))
-    assert rec["st"] == "FAILED"
+    assert out == "fail" and rec["st"] == "FAILED"
     out, rec = _decide(app, Ignore())
-    assert out == "returned" and rec["st"] == "QUEUED"  # not a failure
+    assert out == "none" and rec["st"] == "QUEUED"  # not a failure
 
 
 def _push(app: Any, task: Any, h: Any, retries: int) -> None:
@@ -277,10 +291,10 @@ def test_backoff_factor_and_cap_settings(redis_url, uid):
 def test_dlq_all_failures_setting(redis_url, uid):
     app = make_app(redis_url, uid, delayed_dlq_all_failures=True)
     out, rec = _decide(app, KeyError("k"))  # not retryable: dead-lettered, not FAILED
-    assert out == "returned" and rec["st"] == "DEAD" and rec["etype"] == "builtins.KeyError"
+    assert out == "dead" and rec["st"] == "DEAD" and rec["etype"] == "builtins.KeyError"
     assert dlq.count(app) == 1
     out, rec = _decide(app, KeyError("k"), dlq_all_failures=False)  # the task attribute wins
-    assert out == "returned" and rec["st"] == "FAILED"
+    assert out == "fail" and rec["st"] == "FAILED"
 
 
 @pytest.mark.parametrize(("call", "error"), [
@@ -296,3 +310,110 @@ def test_retry_later_bad_input_writes_nothing(app, call, error):
         assert get_store(app).lookup.get(h.id) == before
     finally:
         task.pop_request()
+
+
+# -- one store call ends each attempt (run in process as a worker runs it, counted on the server) --
+
+
+_WORKER_SCRIPTS = ("start", "extend_lease", "finish", "retry", "dead", "fail")
+
+
+@contextlib.contextmanager
+def _worker_scripts(redis_url: str, prefix: str) -> Iterator[dict[str, list[str]]]:
+    """The worker-side scripts the server runs for each job of ``prefix``, in order (its MONITOR)."""
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    names = {}
+    for flags in (False, True):
+        for script in scripts(flags).all():
+            client.script_load(script.source)  # loaded now: no NOSCRIPT retry in the count
+            if script.name in _WORKER_SCRIPTS:
+                names[script.sha] = script.name
+    seen: dict[str, list[str]] = collections.defaultdict(list)
+    job = re.compile(r"\S*:job:(\S+)")
+    ready, done = threading.Event(), threading.Event()
+
+    def listen() -> None:
+        with client.monitor() as m:
+            for cmd in m.listen():
+                words = cmd["command"].split(" ")
+                if words[:2] == ["ECHO", f"{prefix}-start"]:
+                    ready.set()
+                elif words[:2] == ["ECHO", f"{prefix}-end"]:
+                    break
+                elif words[0] == "EVALSHA" and words[1] in names and prefix in cmd["command"]:
+                    hit = job.search(cmd["command"])
+                    if hit:
+                        seen[hit.group(1)].append(names[words[1]])
+        done.set()
+
+    threading.Thread(target=listen, daemon=True).start()
+    wait_for(lambda: client.echo(f"{prefix}-start") and ready.wait(0.2), 10, what="the MONITOR")
+    try:
+        yield seen
+    finally:
+        client.echo(f"{prefix}-end")
+        assert done.wait(10), "the MONITOR did not end"
+        client.close()
+
+
+@pytest.mark.timeout(30)
+def test_each_attempt_ends_with_one_store_call(redis_url):
+    """A failed attempt ends with one of retry.lua, dead.lua or fail.lua and no finish.lua after it
+    (those give the execution lease back: a finish could only be refused); a success, or a plain
+    task's failure, with one finish.lua. Jobs run through Celery's tracer as a worker runs them
+    (the test kit), their scripts counted by the server."""
+    app = Celery("ends", broker="memory://", set_as_current=False)
+    app.conf.update(delayed_backoff="fixed", delayed_backoff_base_s=1.0, delayed_intercept_eta=True)
+
+    @app.task(base=DelayedTask, bind=True, name="ends.flaky", autoretry_for=(Boom,), max_attempts=2, shared=False)
+    def flaky(self: Any, fails: int) -> str:
+        if self.request.retries < fails:
+            raise Boom("flaky")
+        return "ok"
+
+    @app.task(base=DelayedTask, bind=True, name="ends.broken", autoretry_for=(Boom,), shared=False)
+    def broken(self: Any) -> None:
+        raise KeyError("not retryable")
+
+    @app.task(base=DelayedTask, bind=True, name="ends.manual", max_attempts=1, shared=False)
+    def manual(self: Any) -> None:
+        try:
+            raise ConnectionError("busy")
+        except ConnectionError as exc:
+            self.retry_later(exc=exc)  # on its last attempt: dead-lettered, ConnectionError raised
+
+    @app.task(bind=True, name="ends.plain", shared=False)
+    def plain(self: Any, fail: bool) -> str:
+        if not self.request.retries:
+            if fail:
+                raise KeyError("plain")
+            raise self.retry(countdown=5)  # intercepted: retry.lua on the job's record
+        return "ok"
+
+    intercept.install(app)
+    with DelayedTestKit(app, redis_url) as kit:
+        with _worker_scripts(redis_url, kit.store.config.key_prefix) as seen:
+            cases = {
+                "retried": (apply_later(app, "ends.flaky", (1,)), ["RETRY", "SUCCESS"], "SUCCEEDED"),
+                "dead": (apply_later(app, "ends.flaky", (5,)), ["RETRY", "FAILURE"], "DEAD"),
+                "failed": (apply_later(app, "ends.broken"), ["FAILURE"], "FAILED"),
+                "retry on the last attempt": (apply_later(app, "ends.manual"), ["FAILURE"], "DEAD"),
+                "plain, failed": (apply_later(app, "ends.plain", (True,)), ["FAILURE"], "FAILED"),
+                "plain, retried": (apply_later(app, "ends.plain", (False,)), ["RETRY", "SUCCESS"], "SUCCEEDED"),
+            }
+            ran = kit.run_due()
+            kit.clock.advance(seconds=10)
+            ran += kit.run_due()
+        want = {
+            "retried": ["start", "retry", "start", "finish"],
+            "dead": ["start", "retry", "start", "dead"],
+            "failed": ["start", "fail"],
+            "retry on the last attempt": ["start", "dead"],
+            "plain, failed": ["start", "finish"],
+            "plain, retried": ["start", "retry", "start", "finish"],
+        }
+        assert {case: seen[h.id] for case, (h, _, _) in cases.items()} == want
+        for case, (h, celery_states, final) in cases.items():
+            assert [r.state for r in ran if r.id == h.id] == celery_states, case
+            assert kit.job_state(h.id) == final, case
+        assert kit.store.lookup.get(cases["retried"][0].id)["retries"] == "1"
