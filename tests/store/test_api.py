@@ -26,10 +26,7 @@ from celery_delayed import (
     InvalidState,
     InvalidWhen,
     JobNotFound,
-    PayloadTooLarge,
-    SerializationError,
     StoreUnavailable,
-    UnknownTask,
     apply_later,
     apply_later_many,
     cancel,
@@ -38,6 +35,7 @@ from celery_delayed import (
     job_id_for_key,
     reschedule,
 )
+from celery_delayed.errors import PayloadTooLarge, SerializationError, UnknownTask
 from celery_delayed.store import ShardStatus
 
 NAME = "api.remind"

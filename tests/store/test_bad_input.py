@@ -29,14 +29,12 @@ from celery_delayed import (
     InvalidState,
     InvalidWhen,
     JobNotFound,
-    PayloadTooLarge,
-    SerializationError,
-    UnknownTask,
     apply_later,
     apply_later_many,
     get_config,
     get_store,
 )
+from celery_delayed.errors import PayloadTooLarge, SerializationError, UnknownTask
 from celery_delayed.store import Pending
 
 TASK = "bad.echo"
