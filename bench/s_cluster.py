@@ -2,7 +2,7 @@
 
 Both release on the publish path to the same plain Redis broker (a cluster can only use that
 path, so the one-server figure here is the like-for-like reference; scenario 3 has the direct
-path). N jobs, all due, ~1 KB messages: the schedule rate (``Store.schedule``, 2 threads) and
+path). N jobs, all due, ~1 KB messages: the schedule rate (``store.jobs.schedule``, 2 threads) and
 the release rate of one ``celery delayed run`` process. For the cluster also the spread of keys
 and of script calls over the masters. Every server shares this machine's cores, so the cluster's
 extra masters add no CPU here: the figures show its overhead, not its scaling (see
@@ -61,7 +61,7 @@ def cluster(ctx: Ctx) -> None:
             now_ms = store.redis.now_ms()
             calls0 = _calls_per_master(cclient) if extra else {}
             fill_s = _fill(store, app, n, u, lambda i, t=now_ms: str(t - 1000))
-            ctx.add(S18, label, "schedule rate", n / fill_s, "jobs/s", note="Store.schedule, 2 threads, 16 shards")
+            ctx.add(S18, label, "schedule rate", n / fill_s, "jobs/s", note="store.jobs.schedule, 2 threads, 16 shards")
             if extra:
                 keys = _keys_per_master(cclient)
                 ctx.add(S18, label, "keys per master", max(keys.values()), "keys (largest)",

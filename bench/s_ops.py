@@ -67,7 +67,7 @@ def _scripts(store: Store, stub: str | None) -> Scripts:
 
 def _fill(store: Store, app: Any, n: int, u: str, due_of: Any, calls: list[tuple[str, str]],
           chunk: int = 20_000) -> float:
-    """Schedule n jobs through ``Store.schedule``, round robin over (task, queue) pairs; return seconds."""
+    """Schedule n jobs through ``store.jobs.schedule``, round robin over (task, queue) pairs; return seconds."""
     bases = [prepare(app, task, (0.0,), {}, 0, options={"queue": queue}, task_type=None).job
              for task, queue in calls]
 
@@ -171,7 +171,7 @@ def dashboard(ctx: Ctx) -> None:
     calls = [("bench.report", "default"), ("bench.remind", "default"), ("bench.bill", "billing"),
              ("bench.sync", "billing")]
     fill_s = _fill(store, app, n, u, lambda i, t=now + 60_000, w=86_400_000: str(t + i * w // n), calls)
-    ctx.add(S13, "fill (Store.schedule)", "schedule rate", n / fill_s, "jobs/s", note=f"{n:,} jobs")
+    ctx.add(S13, "fill (store.jobs.schedule)", "schedule rate", n / fill_s, "jobs/s", note=f"{n:,} jobs")
     server = make_server(app, "127.0.0.1", 0)
     serve_in_thread(server)
     base = f"http://127.0.0.1:{server.server_address[1]}"

@@ -54,7 +54,7 @@ _PAD = "x" * 330  # makes the stored envelope ~1 KB (base64 grows it by a third)
 
 
 def _fill(store: Store, app: Any, n: int, u: str, due_of: Any, pad: str = _PAD, chunk: int = 20_000) -> float:
-    """Schedule n jobs through ``Store.schedule`` (one message text shared by all); return seconds."""
+    """Schedule n jobs through ``store.jobs.schedule`` (one message text shared by all); return seconds."""
     p = prepare(app, "bench.late_d", (0.0,), {"pad": pad}, 0, task_type=app.tasks["bench.late_d"])
     base = p.job
 
@@ -85,7 +85,7 @@ def release(ctx: Ctx) -> None:
     fill_s = _fill(store, app, n, u, lambda i: str(now_ms - 1000))
     # the message each job's release pushes (a compact record renders it from its template)
     size = len((store.lookup.messages([(store.layout.shard_of(f"{u}-0"), f"{u}-0")])[0] or "").encode())
-    ctx.add(S3, "celery-delayed (fill via Store.schedule)", "schedule rate", n / fill_s, "jobs/s",
+    ctx.add(S3, "celery-delayed (fill via store.jobs.schedule)", "schedule rate", n / fill_s, "jobs/s",
             note=f"message {size} B, 2 threads, chunks of 20,000")
     with procs() as ps:
         ps.append(delayed_scheduler(ctx.redis_url, prefix, queue))
