@@ -67,7 +67,7 @@ def test_a_plain_url_of_any_node_is_found_to_be_a_cluster_with_one_question(redi
     assert info_calls(ports) - before == 1 + len(ports), "the detection asked more than once"
     # A second store of the app (another prefix, as a worker makes) asks again, once.
     other = get_store(app, prefix=f"o{uid}")
-    assert other.cluster and is_cluster(other.client)
+    assert other.redis.cluster and is_cluster(other.redis.client)
 
 
 @pytest.mark.timeout(30)

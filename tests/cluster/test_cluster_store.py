@@ -55,7 +55,7 @@ def test_settings(redis_url, cluster_url, uid):
     store = get_store(capp(redis_url, cluster_url, uid))
     assert store.layout.release_path[0] == "publish" and not store.broker.direct
     # A store URL without a database is fine too.
-    assert get_store(capp(redis_url, cluster_url.removesuffix("/0"), uid + "b")).now_ms() > 0
+    assert get_store(capp(redis_url, cluster_url.removesuffix("/0"), uid + "b")).redis.now_ms() > 0
 
 
 @pytest.mark.timeout(30)
@@ -177,7 +177,7 @@ def test_in_process_scheduler_and_a_cluster_that_is_down(redis_url, cluster_url,
     # made while the cluster is down starts and retries).
     down = Store(capp(redis_url, "redis://127.0.0.1:1/0", uid + "x"))
     with pytest.raises(StoreUnavailable):
-        down.now_ms()
+        down.redis.now_ms()
     with pytest.raises(StoreUnavailable):
         apply_later(capp(redis_url, "redis://127.0.0.1:1/0", uid + "y"), "e2e.mark", when=5, strict=False)
 

@@ -86,7 +86,7 @@ def test_reshard_16_to_64_under_load_loses_and_doubles_nothing(redis_url, uid, w
         seen = collections.Counter()
         for job_id in missing[:200]:
             try:
-                rec = look.get(job_id)
+                rec = look.lookup.get(job_id)
                 seen[(rec.get("st"), rec["shard"] == str(shard_for(rec.get("sk") or job_id, 64)))] += 1
             except Exception as exc:
                 seen[type(exc).__name__] += 1
