@@ -471,6 +471,9 @@ class Scheduler(BackgroundThread):
 
     def on_exit(self) -> None:
         """Stop the other threads, leave the scheduler set (handing the shards over), close the store."""
+        # Asked first, joined last: the listener reads this scheduler's own leave announcement
+        # and ends then, rather than after its read timeout.
+        self._listener.request_stop()
         if self.maintenance is not None:
             self.maintenance.stop()
         if self.recurrer is not None:
