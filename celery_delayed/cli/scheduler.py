@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import signal
-import threading
 from types import FrameType
 from typing import Any
 
@@ -42,17 +41,16 @@ def run(ctx: click.Context, loglevel: str, metrics_port: int | None) -> None:
     exporter = start_metrics(app, metrics_port)
 
     def _stop(signum: int, frame: FrameType | None) -> None:
-        sched.stop()
+        sched.request_stop()  # not stop(): it would join the thread inside the handler
 
-    # The loop runs in a thread and the main thread only waits for it: a
+    # The loop runs in its own thread and the main thread only waits for it: a
     # signal handler that runs in the thread inside Event.wait() could
     # deadlock on the event's own lock.
-    thread = threading.Thread(target=sched.run, name="celery-delayed")
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    thread.start()
-    while thread.is_alive():
-        thread.join(1.0)
+    sched.start()
+    while sched.is_alive():
+        sched.join(1.0)
     if exporter is not None:
         exporter.shutdown()
     if sched.fatal is not None:

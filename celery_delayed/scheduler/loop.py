@@ -31,6 +31,7 @@ from ..errors import ConfigurationError, DelayedError, LeaseLost, StoreFull, Sto
 from ..schedules.definition import config_entries
 from ..schedules.keeper import Recurrer
 from ..store import LAYOUT_NOTICE, Store
+from ..threads import BackgroundThread
 from .maintenance import Maintenance
 from .releaser import Releaser, make_releaser
 from .wakeup import WakeListener
@@ -41,7 +42,6 @@ logger = logging.getLogger("celery_delayed.scheduler")
 # briefly and retried with back-off. Anything else is logged with a traceback
 # and retried the same way: the scheduler process never dies of an error.
 _TRANSIENT = (StoreUnavailable, OperationalError, OSError)
-_MAX_BACKOFF_S = 5.0
 #: Every this many membership leases a scheduler checks every lease it may hold, even when nothing
 #: suggests that it lost one (a safety net: each check costs a script call per shard).
 VERIFY_LEASES = 20
@@ -73,8 +73,14 @@ def scheduler_token() -> str:
     return f"{host}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-class Scheduler:
-    """Release due jobs of the shards this process holds, until :meth:`stop`.
+class Scheduler(BackgroundThread):
+    """Release due jobs of the shards this process holds, until stopped.
+
+    A daemon thread (:meth:`start`, :meth:`stop`), or a loop in the caller's
+    thread (:meth:`run`, ended by :meth:`request_stop`). A stop takes effect
+    after the batch being moved: a batch in flight is finished (published and
+    acknowledged), so a stop never strands a claimed job until its claim
+    lease runs out.
 
     Args:
         app: the Celery app (its ``delayed_*`` settings apply).
@@ -91,6 +97,7 @@ class Scheduler:
         owner: str | None = None,
         max_sleep_s: float | None = None,
     ) -> None:
+        super().__init__(name="celery-delayed")
         self.app = app
         if store is None:
             store = Store(app, get_config(app), fail_fast=True)
@@ -108,8 +115,6 @@ class Scheduler:
         self.batches = 0
         self.ready = threading.Event()  # set once the first heartbeat has run
         self._offset_ms = 0.0  # Redis clock - local clock
-        self._stop = threading.Event()
-        self._wake = threading.Event()
         self._lock = threading.Lock()
         self._next_heartbeat = 0.0  # time.monotonic() of the next heartbeat
         # Check every lease this scheduler may hold at the next heartbeat (not only the shards it
@@ -148,14 +153,14 @@ class Scheduler:
             self._woken[shard] = min(due, self._woken.get(shard, _INF))
             if due < self.next_due.get(shard, _INF):
                 self.next_due[shard] = due
-                self._wake.set()
+                self.wake()
 
     def _on_members(self, owner: str) -> None:
         if owner == LAYOUT_NOTICE:  # a reshard changed the layout: read it at the next heartbeat, now
             self._layout_due = True
         if owner != self.owner:
             self._next_heartbeat = 0.0
-            self._wake.set()
+            self.wake()
 
     def _wake_all(self) -> None:
         """Look at every held shard now (after a (re)subscription or an outage)."""
@@ -163,7 +168,7 @@ class Scheduler:
             for s in self.shards:
                 self.next_due[s] = 0.0
                 self._woken[s] = 0.0  # also overrides the result of a move in flight
-        self._wake.set()
+        self.wake()
 
     # -- membership ----------------------------------------------------------------
 
@@ -276,7 +281,7 @@ class Scheduler:
         """
         total = 0
         limit = self.config.batch_size
-        while not self._stop.is_set():
+        while not self.stopping:
             if time.monotonic() >= self._next_heartbeat:
                 self._heartbeat()
             now = self._redis_now() + self._lead_ms()
@@ -285,7 +290,7 @@ class Scheduler:
             if not due:
                 break
             for shard, fence in due:
-                if self._stop.is_set():
+                if self.stopping:
                     break
                 total += self._move(shard, fence, limit)
         self.released += total
@@ -398,7 +403,6 @@ class Scheduler:
 
     def run_once(self) -> float:
         """Heartbeat if it is time, release what is due; return seconds to sleep."""
-        self._wake.clear()
         if not self._checked:
             self.preflight()
         if self.maintenance is None:
@@ -411,46 +415,45 @@ class Scheduler:
         self.release_due()
         return self._sleep_s()
 
-    def run(self) -> None:
-        """Run until :meth:`stop`; errors are logged and retried with back-off."""
+    # -- the thread (see BackgroundThread) ---------------------------------------------------
+
+    def on_start(self) -> None:
+        """Say so, and start the wake-up listener."""
         logger.info(
             "celery-delayed scheduler %s starting (%s path, %d shards, prefix %r)",
             self.owner, "direct" if self.store.broker.direct else "publish",
             self.store.layout.shards, self.config.key_prefix,
         )
         self._listener.start()
-        backoff = 0.1
-        failures = 0
-        try:
-            while not self._stop.is_set():
-                try:
-                    sleep_s = self.run_once()
-                    if failures:
-                        logger.warning("scheduler %s: resuming after %d failed attempt(s)", self.owner, failures)
-                        failures = 0
-                    backoff = 0.1
-                except ConfigurationError as exc:
-                    logger.critical("scheduler %s: %s; stopping", self.owner, exc)
-                    self.fatal = exc
-                    self._stop.set()
-                    break
-                except Exception as exc:
-                    if isinstance(exc, StoreFull):
-                        logger.error("scheduler: store out of memory (%s); retrying in %.1fs", exc, backoff)
-                    elif isinstance(exc, _TRANSIENT):
-                        logger.warning("scheduler: store or broker unavailable (%s); retrying in %.1fs",
-                                       exc, backoff)
-                    else:
-                        logger.exception("scheduler: unexpected error; retrying in %.1fs", backoff)
-                    failures += 1
-                    # Jitter keeps several schedulers from reconnecting in lockstep.
-                    sleep_s = backoff * (0.5 + random.random())
-                    backoff = min(backoff * 2, _MAX_BACKOFF_S)
-                    self._recover()
-                if sleep_s > 0 and not self._stop.is_set():
-                    self._wake.wait(sleep_s)
-        finally:
-            self._shutdown()
+
+    def body(self) -> float:
+        """One :meth:`run_once`; sleep until the next due job or heartbeat (a wake-up cuts it short)."""
+        sleep_s = self.run_once()
+        if self.failures:
+            logger.warning("scheduler %s: resuming after %d failed attempt(s)", self.owner, self.failures)
+        return sleep_s
+
+    def on_error(self, exc: Exception) -> float:
+        """Log the error and back off, then take the shards again; a setting the store refuses stops for good.
+
+        The scheduler never dies of any other error: an unreachable Redis or
+        broker is logged briefly, anything else with a traceback.
+        """
+        if isinstance(exc, ConfigurationError):
+            logger.critical("scheduler %s: %s; stopping", self.owner, exc)
+            self.fatal = exc
+            self.request_stop()
+            return 0.0
+        backoff = self.backoff(self.failures)
+        if isinstance(exc, StoreFull):
+            logger.error("scheduler: store out of memory (%s); retrying in %.1fs", exc, backoff)
+        elif isinstance(exc, _TRANSIENT):
+            logger.warning("scheduler: store or broker unavailable (%s); retrying in %.1fs", exc, backoff)
+        else:
+            logger.exception("scheduler: unexpected error; retrying in %.1fs", backoff)
+        self._recover()
+        # Jitter keeps several schedulers from reconnecting in lockstep.
+        return backoff * (0.5 + random.random())
 
     def _recover(self) -> None:
         """After an error: heartbeat and take the shards again at once, then look at every shard.
@@ -460,14 +463,17 @@ class Scheduler:
         """
         self._next_heartbeat = 0.0
         self._verify = True
-        self._wake_all()
-        self._wake.clear()  # sleep the back-off first
+        self._wake_all()  # its wake-up is dropped: the loop sleeps the back-off first (BackgroundThread.run)
         try:
             self.releaser.close()
         except Exception:
             logger.debug("closing the releaser failed", exc_info=True)
 
-    def _shutdown(self) -> None:
+    def on_exit(self) -> None:
+        """Stop the other threads, leave the scheduler set (handing the shards over), close the store."""
+        # Asked first, joined last: the listener reads this scheduler's own leave announcement
+        # and ends then, rather than after its read timeout.
+        self._listener.request_stop()
         if self.maintenance is not None:
             self.maintenance.stop()
         if self.recurrer is not None:
@@ -484,19 +490,10 @@ class Scheduler:
         self.store.redis.close()
         logger.info("celery-delayed scheduler %s stopped (%d released)", self.owner, self.released)
 
-    def stop(self) -> None:
-        """Ask the loop to stop after the batch it is moving.
-
-        A batch in flight is finished (published and acknowledged), so a stop
-        never strands a claimed job until its claim lease runs out.
-        """
-        self._stop.set()
-        self._wake.set()
-
     @property
     def stopped(self) -> bool:
-        """True once :meth:`stop` was called."""
-        return self._stop.is_set()
+        """True once :meth:`stop` (or :meth:`request_stop`) was called."""
+        return self.stopping
 
     @property
     def listening(self) -> bool:

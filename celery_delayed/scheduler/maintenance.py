@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from ..reconciler import Reconciler
 from ..store import Store
+from ..threads import BackgroundThread
 
 if TYPE_CHECKING:  # SQLAlchemy is an optional extra: imported only with a database
     from ..sql.rows import JobRows
@@ -46,10 +47,16 @@ SWEEP_OVERLAP_MS = 10_000
 MIRROR_TURN = 2
 
 
-class Maintenance:
-    """Runs the mirror, the outbox sweep and the reconciler for one scheduler (see the module docstring)."""
+class Maintenance(BackgroundThread):
+    """Runs the mirror, the outbox sweep and the reconciler for one scheduler (see the module docstring).
+
+    A daemon thread: :meth:`start` it, :meth:`stop` it (after its current round).
+    """
+
+    tick_s = TICK_S
 
     def __init__(self, store: Store, rows: JobRows | None, owner: str, held_shards: Callable[[], list[int]]) -> None:
+        super().__init__(name="delayed-maintenance")
         self.store = store
         self.rows = rows
         self.owner = owner
@@ -64,19 +71,6 @@ class Maintenance:
         self._dirty: set[int] = set()
         self._turn = 0
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        """Start the thread (a daemon)."""
-        self._thread = threading.Thread(target=self._run, name="delayed-maintenance", daemon=True)
-        self._thread.start()
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop the thread after its current step."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
 
     def released_from(self, shard: int) -> None:
         """The scheduler loop released (or held back) jobs of ``shard``: mirror its log next round."""
@@ -92,13 +86,14 @@ class Maintenance:
         self._turn += MIRROR_TURN
         return sorted((dirty & set(held)) | set(turn))
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.tick()
-            except Exception as exc:  # the next tick tries again; the store's state is the truth
-                logger.warning("scheduler maintenance: %s", exc, exc_info=not isinstance(exc, ConnectionError))
-            self._stop.wait(TICK_S)
+    def body(self) -> None:
+        """One round (:meth:`tick`); the next in ``TICK_S``."""
+        self.tick()
+
+    def on_error(self, exc: Exception) -> float:
+        """Log a failed round; the next one, ``TICK_S`` later, tries again (the store's state is the truth)."""
+        logger.warning("scheduler maintenance: %s", exc, exc_info=not isinstance(exc, ConnectionError))
+        return TICK_S
 
     def tick(self) -> None:
         """One round: mirror the held shards; holding shard 0, sweep, and reconcile when it is time."""

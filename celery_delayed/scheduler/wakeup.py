@@ -16,12 +16,13 @@ import threading
 from collections.abc import Callable
 
 from ..store import Store, WakeSubscription
+from ..threads import BackgroundThread
 
 logger = logging.getLogger("celery_delayed.scheduler")
 
 
-class WakeListener:
-    """Runs a thread that turns wake-channel messages into callbacks.
+class WakeListener(BackgroundThread):
+    """A daemon thread that turns wake-channel messages into callbacks (:meth:`start` it, :meth:`stop` it).
 
     Args:
         store: the store whose wake channel to follow.
@@ -31,6 +32,10 @@ class WakeListener:
             published while the listener was not subscribed are lost.
     """
 
+    backoff_s = 0.1  # before subscribing again: doubled after each failure, at most max_backoff_s
+    max_backoff_s = 5.0
+    stop_timeout_s = 3.0  # it notices a stop within about a second (the read timeout)
+
     def __init__(
         self,
         store: Store,
@@ -38,59 +43,56 @@ class WakeListener:
         on_members: Callable[[str], None],
         on_subscribed: Callable[[], None],
     ) -> None:
+        super().__init__(name="delayed-wake")
         self.store = store
         self.on_due = on_due
         self.on_members = on_members
         self.on_subscribed = on_subscribed
         self.subscribed = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._sub: WakeSubscription | None = None
+        self._retries = 0  # failures since the last subscription went through (not since the last read)
 
-    def start(self) -> None:
-        """Start the listener thread (a daemon: it never holds the process up)."""
-        self._thread = threading.Thread(target=self._run, name="delayed-wake", daemon=True)
-        self._thread.start()
+    def body(self) -> float:
+        """Subscribe if not subscribed; read one message (waiting up to a second) and call its callback."""
+        if self._sub is None:
+            self._sub = self.store.fleet.subscribe_wake()
+        # A 1 s read timeout is local only: no command is sent.
+        event = self._sub.get(timeout=1.0)
+        if event is not None:
+            kind, data = event
+            if kind == "subscribed":
+                self.subscribed.set()
+                self._retries = 0
+                self.on_subscribed()
+            elif kind == "members":
+                self.on_members(data)
+            else:
+                self._dispatch_due(data)
+        return 0.0  # the read itself waited
 
-    def stop(self, timeout: float = 3.0) -> None:
-        """Stop the thread; it notices within about a second."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-
-    def _run(self) -> None:
-        backoff = 0.1
-        while not self._stop.is_set():
-            sub: WakeSubscription | None = None
-            try:
-                sub = self.store.fleet.subscribe_wake()
-                while not self._stop.is_set():
-                    # A 1 s read timeout is local only: no command is sent.
-                    event = sub.get(timeout=1.0)
-                    if event is None:
-                        continue
-                    kind, data = event
-                    if kind == "subscribed":
-                        self.subscribed.set()
-                        backoff = 0.1
-                        self.on_subscribed()
-                    elif kind == "members":
-                        self.on_members(data)
-                    else:
-                        self._dispatch_due(data)
-            except Exception as exc:
-                self.subscribed.clear()
-                if self._stop.is_set():
-                    break
-                logger.warning("wake-up listener: %s; resubscribing in %.1fs", exc, backoff)
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 5.0)
-            finally:
-                if sub is not None:
-                    try:
-                        sub.close()
-                    except Exception:
-                        logger.debug("closing the wake-up listener failed", exc_info=True)
+    def on_error(self, exc: Exception) -> float:
+        """Drop the subscription and subscribe again after a back-off."""
         self.subscribed.clear()
+        self._close()
+        if self.stopping:
+            return 0.0
+        self._retries += 1
+        delay = self.backoff(self._retries)
+        logger.warning("wake-up listener: %s; resubscribing in %.1fs", exc, delay)
+        return delay
+
+    def on_exit(self) -> None:
+        """Close the subscription."""
+        self._close()
+        self.subscribed.clear()
+
+    def _close(self) -> None:
+        sub, self._sub = self._sub, None
+        if sub is not None:
+            try:
+                sub.close()
+            except Exception:
+                logger.debug("closing the wake-up listener failed", exc_info=True)
 
     def _dispatch_due(self, data: str) -> None:
         shard_s, _, due_s = data.partition(":")

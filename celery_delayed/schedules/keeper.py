@@ -34,7 +34,6 @@ after it wrote: during a rolling deploy the old config never undoes the new.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 
@@ -43,6 +42,7 @@ from celery import Celery
 from ..errors import LeaseLost, StoreUnavailable
 from ..store import Store
 from ..store.schedules import StoredSchedule
+from ..threads import BackgroundThread
 from ..vocab import JobState
 from .definition import config_entries, config_hash
 from .occurrences import cancel_occurrences, store_ahead
@@ -62,8 +62,11 @@ INDEX_S = 5.0
 HORIZON_MS = 2_000
 
 
-class Recurrer:
+class Recurrer(BackgroundThread):
     """Keeps the next occurrences of the held shards' schedules stored (see the module docstring).
+
+    A daemon thread: :meth:`start` it, :meth:`stop` it (after its current
+    tick); or call :meth:`tick` yourself (the testing kit).
 
     Args:
         app: the Celery app.
@@ -72,7 +75,13 @@ class Recurrer:
         held: returns the held shards and their fences (shard -> fence).
     """
 
+    tick_s = TICK_S
+    backoff_s = 2 * TICK_S  # after a failed tick: 1, 2, 4 then 5 s
+    max_backoff_s = 5.0
+    stop_timeout_s = 5.0
+
     def __init__(self, app: Celery, store: Store, owner: str, held: Callable[[], dict[int, str]]) -> None:
+        super().__init__(name="delayed-recurring")
         self.app = app
         self.store = store
         self.owner = owner
@@ -89,36 +98,21 @@ class Recurrer:
         self._next_sync = 0.0
         self._next_index = 0.0
         self._names: list[str] = []
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     # -- thread ----------------------------------------------------------------------
 
-    def start(self) -> None:
-        """Start the thread (a daemon)."""
-        self._thread = threading.Thread(target=self._run, name="delayed-recurring", daemon=True)
-        self._thread.start()
+    def body(self) -> None:
+        """One :meth:`tick`; the next in ``TICK_S``."""
+        self.tick()
 
-    def stop(self, timeout: float = 5.0) -> None:
-        """Stop the thread after its current tick."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-
-    def _run(self) -> None:
-        failures = 0
-        while not self._stop.is_set():
-            try:
-                self.tick()
-                failures = 0
-            except StoreUnavailable as exc:  # the loop logs the outage too: briefly here
-                failures += 1
-                if failures == 1:
-                    logger.warning("recurring schedules: store unavailable (%s); trying again", exc)
-            except Exception:
-                failures += 1
-                logger.warning("recurring schedules: tick failed; trying again", exc_info=failures == 1)
-            self._stop.wait(TICK_S if not failures else min(5.0, TICK_S * 2 ** failures))
+    def on_error(self, exc: Exception) -> float:
+        """Log the first of failed ticks in a row (briefly for an outage: the loop logs it too); back off."""
+        if isinstance(exc, StoreUnavailable):
+            if self.failures == 1:
+                logger.warning("recurring schedules: store unavailable (%s); trying again", exc)
+        else:
+            logger.warning("recurring schedules: tick failed; trying again", exc_info=self.failures == 1)
+        return self.backoff(self.failures)
 
     # -- one tick ----------------------------------------------------------------------
 

@@ -10,7 +10,6 @@ the step to an app (``celery_delayed.install`` does).
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Any
 
 import click
@@ -30,7 +29,6 @@ class DelayedSchedulerStep(bootsteps.StartStopStep):  # type: ignore[misc]
     def __init__(self, parent: Any, delayed: bool = False, **kwargs: Any) -> None:
         self.enabled = bool(delayed)
         self.scheduler: Scheduler | None = None
-        self.thread: threading.Thread | None = None
         self.exporter: Any = None
         super().__init__(parent, **kwargs)
 
@@ -42,8 +40,7 @@ class DelayedSchedulerStep(bootsteps.StartStopStep):  # type: ignore[misc]
             self.scheduler.preflight()
         except StoreUnavailable as exc:
             logger.warning("celery-delayed scheduler: store unavailable at start (%s); retrying", exc)
-        self.thread = threading.Thread(target=self.scheduler.run, name="celery-delayed", daemon=True)
-        self.thread.start()
+        self.scheduler.start()  # a daemon thread
         port = self.scheduler.config.metrics_port
         if port is not None:
             from ..metrics import serve
@@ -58,9 +55,7 @@ class DelayedSchedulerStep(bootsteps.StartStopStep):  # type: ignore[misc]
             self.exporter.shutdown()
             self.exporter = None
         if self.scheduler is not None:
-            self.scheduler.stop()
-        if self.thread is not None:
-            self.thread.join(timeout=10)
+            self.scheduler.stop(timeout=10)
 
     shutdown = stop
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from ..errors import DelayedError
 from ..store import Store, get_store
+from ..threads import BackgroundThread
 from ..vocab import STORE_HEADER, request_header, request_shard
 
 logger = logging.getLogger("celery_delayed.worker")
@@ -130,52 +131,50 @@ class LeaseKeeper:
         return True
 
 
-class _Beater:
+class _Beater(BackgroundThread):
     """The one thread of a process that beats every running execution's :class:`LeaseKeeper`."""
 
     def __init__(self) -> None:
+        super().__init__(name="celery-delayed-leases")
         self.pid = os.getpid()
         self.keepers: set[LeaseKeeper] = set()
         self.lock = threading.Lock()
-        self.wake = threading.Event()
         self.sleeps_until = 0.0  # when the thread wakes by itself next (monotonic)
         # With no keeper, it sleeps one (shortest) interval, not until woken: a keeper
         # added after that is due after it wakes, so a short task wakes no thread.
         self.idle_s = 60.0
-        self.thread = threading.Thread(target=self._run, name="celery-delayed-leases", daemon=True)
-        self.thread.start()
+        self.start()
 
     def add(self, keeper: LeaseKeeper) -> None:
         with self.lock:
             self.keepers.add(keeper)
             self.idle_s = min(self.idle_s, keeper.interval_s)
         if keeper.next_at < self.sleeps_until:  # due before the thread wakes by itself
-            self.wake.set()
+            self.wake()
 
     def remove(self, keeper: LeaseKeeper) -> None:
         with self.lock:
             self.keepers.discard(keeper)
 
-    def _run(self) -> None:
-        while True:
-            now = time.monotonic()
-            with self.lock:
-                due = [k for k in self.keepers if k.next_at <= now]
-            for k in due:
-                try:
-                    alive = k.beat()
-                except Exception:  # one bad reply must not end every execution's heartbeat
-                    logger.exception("job %s: extending the execution lease failed", k.execution.job_id)
-                    k.next_at = time.monotonic() + k.interval_s
-                    alive = True
-                if not alive:
-                    self.remove(k)
-            with self.lock:
-                nxt = min((k.next_at for k in self.keepers), default=now + self.idle_s)
-                self.sleeps_until = nxt
-            self.wake.wait(max(nxt - time.monotonic(), 0.0))
-            self.sleeps_until = 0.0
-            self.wake.clear()
+    def body(self) -> float:
+        """Beat the keepers that are due; return the seconds until the next one is."""
+        self.sleeps_until = 0.0  # awake
+        now = time.monotonic()
+        with self.lock:
+            due = [k for k in self.keepers if k.next_at <= now]
+        for k in due:
+            try:
+                alive = k.beat()
+            except Exception:  # one bad reply must not end every execution's heartbeat
+                logger.exception("job %s: extending the execution lease failed", k.execution.job_id)
+                k.next_at = time.monotonic() + k.interval_s
+                alive = True
+            if not alive:
+                self.remove(k)
+        with self.lock:
+            nxt = min((k.next_at for k in self.keepers), default=now + self.idle_s)
+            self.sleeps_until = nxt
+        return max(nxt - time.monotonic(), 0.0)
 
 
 _beater_lock = threading.Lock()

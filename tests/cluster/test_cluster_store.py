@@ -172,7 +172,7 @@ def test_in_process_scheduler_and_a_cluster_that_is_down(redis_url, cluster_url,
         assert sched.release_due() == 1
         assert store.lookup.get(h.id)["st"] == "QUEUED"
     finally:
-        sched._shutdown()
+        sched.on_exit()
     # Nothing listening there: the typed error, not a redis-py one (on first use: a scheduler
     # made while the cluster is down starts and retries).
     down = Store(capp(redis_url, "redis://127.0.0.1:1/0", uid + "x"))
