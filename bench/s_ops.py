@@ -22,7 +22,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from celery_delayed.producer.jobs import prepare
+from celery_delayed.producer.prepare import prepare
 from celery_delayed.store import NewJob, Store, get_store
 from celery_delayed.store.loader import Script, Scripts, lua_dir
 from celery_delayed.store.stats import FleetStats

@@ -17,9 +17,9 @@ from celery import Celery
 from .announce import shared as shared_announcer
 from .cancellation import cancel_job
 from .errors import ConfigurationError, DuplicateJob, InvalidOption, StoreFull
-from .producer.jobs import PlainCalls, Prepared, job_id_for_key, lookup_task, prepare, refuse_taken
 from .producer.keyed import KeyedSpec, keyed_spec
 from .producer.message import parent_ids, task_defaults
+from .producer.prepare import PlainCalls, Prepared, job_id_for_key, lookup_task, prepare, refuse_taken
 from .result import DelayedResult
 from .store import NewJob, get_store
 from .store.compact import fast_uuid4
@@ -37,7 +37,7 @@ _GENERATION_TRIES = 5
 
 
 def store_prepared(app: Celery, prepared: Sequence[Prepared], connection: Any = None) -> list[DelayedResult]:
-    """Store prepared jobs (:func:`~celery_delayed.producer.jobs.prepare`; one round trip) and return their handles.
+    """Store prepared jobs (:func:`~celery_delayed.producer.prepare.prepare`; one round trip) and return their handles.
 
     A job with an idempotency key whose previous job was cancelled is stored
     again as that job's next generation (one more round trip, only then): a

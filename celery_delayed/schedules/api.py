@@ -11,8 +11,8 @@ from typing import Any
 from celery import Celery
 
 from ..errors import ScheduleNotFound
-from ..producer.jobs import prepare
 from ..producer.message import task_defaults
+from ..producer.prepare import prepare
 from ..result import DelayedResult
 from ..store import Store, get_store
 from ..store.schedules import ScheduleRecords, StoredSchedule

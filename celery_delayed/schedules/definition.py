@@ -11,8 +11,8 @@ from typing import Any
 from celery import Celery
 
 from ..errors import DelayedError, InvalidOption
-from ..producer.jobs import check_str, lookup_task, prepare
 from ..producer.message import task_defaults
+from ..producer.prepare import check_str, lookup_task, prepare
 from .rules import (
     Spec,
     parse_spec,

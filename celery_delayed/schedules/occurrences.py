@@ -11,8 +11,8 @@ from datetime import datetime, timezone
 from celery import Celery
 
 from ..errors import InvalidState, JobNotFound
-from ..producer.jobs import Prepared, prepare
 from ..producer.message import task_defaults
+from ..producer.prepare import Prepared, prepare
 from ..store import Store
 from ..store.schedules import StoredSchedule
 from ..vocab import JobState

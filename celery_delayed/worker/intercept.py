@@ -58,8 +58,8 @@ from celery.utils.time import maybe_make_aware
 from ..api import store_prepared
 from ..config import get_config
 from ..errors import InvalidOption, InvalidState, InvalidWhen, PayloadTooLarge, SerializationError
-from ..producer.jobs import lookup_task, prepare
 from ..producer.message import split_options, stamp_names, task_defaults
+from ..producer.prepare import lookup_task, prepare
 from ..result import DelayedResult
 from ..store import Store, get_store
 from ..timeutil import due_spec, localize

@@ -59,7 +59,7 @@ from support import IN_CI, RedisServer, make_app, need
 
 from celery_delayed import InvalidState, JobNotFound
 from celery_delayed.errors import LeaseLost
-from celery_delayed.producer.jobs import prepare
+from celery_delayed.producer.prepare import prepare
 from celery_delayed.scheduler.loop import share
 from celery_delayed.store import Store
 from celery_delayed.store.keys import index_part

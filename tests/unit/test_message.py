@@ -364,7 +364,7 @@ def test_sent_event_fields(redis_url: str, uid: str) -> None:
 def test_apply_later_message_equals_apply_async(redis_url: str, uid: str, client: redis.Redis) -> None:
     """The whole API path (task defaults, router, options) against Celery's apply_async."""
     from celery_delayed import DelayedTask
-    from celery_delayed.producer.jobs import prepare
+    from celery_delayed.producer.prepare import prepare
 
     app = make_app(redis_url, uid, task_default_priority=4, task_compression="gzip",
                    task_routes={"tests.message.dt": {"queue": f"r{uid}"}})
@@ -407,7 +407,7 @@ TRICKY_ARGS: list[tuple[tuple[Any, ...], dict[str, Any]]] = [
 def test_repeated_calls_match_apply_async(redis_url: str, uid: str, client: redis.Redis) -> None:
     """Many calls of one task and option set (the shape a cached envelope template serves)."""
     from celery_delayed import DelayedTask
-    from celery_delayed.producer.jobs import prepare
+    from celery_delayed.producer.prepare import prepare
 
     app = make_app(redis_url, uid)
 

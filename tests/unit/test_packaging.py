@@ -23,7 +23,7 @@ from pathlib import Path
 import celery_delayed
 from celery import Celery
 from celery_delayed import get_store
-from celery_delayed.producer.jobs import prepare
+from celery_delayed.producer.prepare import prepare
 from celery_delayed.store.loader import lua_dir, scripts
 
 pkg = Path(celery_delayed.__file__).resolve().parent

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from support import make_app
 
 from celery_delayed import apply_later, apply_later_many, get_store
-from celery_delayed.producer.jobs import prepare
 from celery_delayed.producer.message import build_message, validate_envelope
+from celery_delayed.producer.prepare import prepare
 from celery_delayed.producer.template import fast_repr, template_for
 from celery_delayed.store.compact import fast_uuid4
 from celery_delayed.vocab import job_headers
