@@ -68,7 +68,7 @@ def _scripts(store: Store, stub: str | None) -> Scripts:
 def _fill(store: Store, app: Any, n: int, u: str, due_of: Any, calls: list[tuple[str, str]],
           chunk: int = 20_000) -> float:
     """Schedule n jobs through ``store.jobs.schedule``, round robin over (task, queue) pairs; return seconds."""
-    bases = [prepare(app, task, (0.0,), {}, 0, options={"queue": queue}, task_type=None).job
+    bases = [prepare(app, store, task, (0.0,), {}, 0, options={"queue": queue}, task_type=None).job
              for task, queue in calls]
 
     def one(start: int) -> None:

@@ -1,7 +1,9 @@
 """Turn ``apply_later`` calls into jobs: validate, choose the id and shard, build the record.
 
 Nothing here writes to Redis; :func:`celery_delayed.api.apply_later` stores
-what :func:`prepare` returns. A call is validated whole before anything is
+what :func:`prepare` returns. Each function is handed the app's store (what it
+reads of the settings, the shard layout and kombu's layout) by its caller,
+which looked it up once for the call. A call is validated whole before anything is
 stored (bad input raises a typed error and leaves nothing behind).
 """
 
@@ -16,7 +18,7 @@ from typing import Any
 from celery import Celery
 
 from ..errors import DuplicateJob, InvalidOption, UnknownTask
-from ..store import NewJob, Store, get_store, shard_for
+from ..store import NewJob, Store, shard_for
 from ..store.compact import Template as CompactTemplate
 from ..store.compact import fast_uuid4
 from ..timeutil import due_spec, eta_is_due, eta_iso
@@ -125,6 +127,7 @@ def _shard_key(shard_key: object) -> str | None:
 
 def prepare(
     app: Celery,
+    store: Store,
     name: str,
     args: Sequence[Any] | None = None,
     kwargs: Mapping[str, Any] | None = None,
@@ -139,7 +142,7 @@ def prepare(
     eta: str | None = FROM_WHEN,
     properties: Mapping[str, Any] | None = None,
 ) -> Prepared:
-    """Validate a call and build its job; write nothing.
+    """Validate a call and build its job for ``store``; write nothing.
 
     ``generation`` > 0 (an idempotency key's job scheduled again after a
     cancel) goes into the record and the message's ``delayed_gen`` header.
@@ -154,10 +157,9 @@ def prepare(
     regenerate = None
     if idempotency_key is not None:
         def regenerate(generation: int) -> Prepared:
-            return prepare(app, name, args, kwargs, when, task_id=task_id, shard_key=shard_key,
+            return prepare(app, store, name, args, kwargs, when, task_id=task_id, shard_key=shard_key,
                            idempotency_key=idempotency_key, task_type=task_type, options=options,
                            generation=generation, eta=eta, properties=properties)
-    store = get_store(app)
     options = dict(options or {})
     release = release_fields(options, task_type, store.config)  # pops max_lateness / misfire
     check_options(options)
@@ -211,7 +213,7 @@ def _render_fast(
     if "root_id" in options or "parent_id" in options:
         keyed = {k: v for k, v in options.items() if k not in ("root_id", "parent_id")}
     max_bytes = store.config.max_payload_bytes
-    tmpl = template_for(app, name, keyed, headers, task_type, max_bytes)
+    tmpl = template_for(app, name, keyed, headers, task_type, max_bytes, store.config.key_prefix)
     if tmpl is None:
         return None
     root_id, parent_id = parent_ids(app, options.get("root_id"), options.get("parent_id"))
@@ -282,9 +284,9 @@ class PlainCalls:
         return call.keys() <= _PLAIN_KEYS
 
     @classmethod
-    def create(cls, app: Celery, name: str, task: Any, defaults: Mapping[str, Any]) -> PlainCalls | None:
-        """The batch's shared part, or None when the calls need the regular path."""
-        store = get_store(app)
+    def create(cls, app: Celery, store: Store, name: str, task: Any,
+               defaults: Mapping[str, Any]) -> PlainCalls | None:
+        """The batch's shared part for ``store``, or None when the calls need the regular path."""
         options = dict(defaults)
         try:
             release = release_fields(options, task, store.config)
@@ -295,7 +297,8 @@ class PlainCalls:
         if not isinstance(headers, Mapping):
             return None
         root_id, parent_id = options.pop("root_id", None), options.pop("parent_id", None)
-        tmpl = template_for(app, name, options, dict(headers), task, store.config.max_payload_bytes)
+        tmpl = template_for(app, name, options, dict(headers), task, store.config.max_payload_bytes,
+                            store.config.key_prefix)
         if tmpl is None:
             return None
         root_id, parent_id = parent_ids(app, root_id, parent_id)
@@ -304,25 +307,25 @@ class PlainCalls:
                    name, task)
 
     @classmethod
-    def cached(cls, app: Celery, name: str, task: Any, defaults: Mapping[str, Any]) -> PlainCalls | None:
+    def cached(cls, app: Celery, store: Store, name: str, task: Any,
+               defaults: Mapping[str, Any]) -> PlainCalls | None:
         """:meth:`create`, kept per app, task, process, thread and task defaults (a single call's short path).
 
         What it holds does not depend on the call; the caller passes each
         call's root and parent ids to :meth:`prepare`. Like the message
-        templates it rests on, it follows the task's defaults and the app's
-        store, not later changes to the app's configuration.
+        templates it rests on, it follows the task's defaults and ``store``
+        (another store gets its own), not later changes to the app's configuration.
         """
-        store = get_store(app)
         try:
             key = (name, id(task), os.getpid(), app.thread_oid, tuple(defaults.items()),
                    getattr(task, "misfire", None), getattr(task, "max_lateness", None))
             cache: dict[Any, tuple[Store, Any, PlainCalls | None]] = app.__dict__.setdefault(_PLAIN_ATTR, {})
             hit = cache.get(key)
         except TypeError:  # an unhashable default
-            return cls.create(app, name, task, defaults)
+            return cls.create(app, store, name, task, defaults)
         if hit is not None and hit[0] is store and hit[1] is task:
             return hit[2]
-        plain = cls.create(app, name, task, defaults)
+        plain = cls.create(app, store, name, task, defaults)
         if len(cache) >= 256:
             cache.clear()
         cache[key] = (store, task, plain)

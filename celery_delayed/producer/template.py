@@ -38,7 +38,6 @@ from kombu.serialization import registry
 from kombu.utils.json import JSONEncoder
 from kombu.utils.json import dumps as kombu_json_dumps
 
-from ..config import get_config
 from ..store.broker_layout import Route
 from ..store.compact import Template as CompactTemplate
 from ..store.compact import body_head64, fast_uuid4, job_fields, make_template
@@ -198,12 +197,12 @@ def _eligible(app: Celery) -> bool:
 
 
 def _make(app: Celery, name: str, options: Mapping[str, Any], headers: Mapping[str, Any],
-          task_type: Any, max_bytes: int) -> Template | None:
+          task_type: Any, max_bytes: int, key_prefix: str) -> Template | None:
     """Build the template from one real message (and check it against another)."""
     if not _eligible(app):
         return None
     opts = dict(options)
-    opts["headers"] = {**headers, **job_headers(_TOKENS["shard"], get_config(app).key_prefix, _TOKENS["eta"])}
+    opts["headers"] = {**headers, **job_headers(_TOKENS["shard"], key_prefix, _TOKENS["eta"])}
     opts["root_id"], opts["parent_id"] = _TOKENS["root"], _TOKENS["parent"]
     built = build_message(app, name, (), {}, _TOKENS["id"], opts, task_type, max_bytes=max_bytes)
     if built.sent_event is not None:
@@ -224,7 +223,7 @@ def _make(app: Celery, name: str, options: Mapping[str, Any], headers: Mapping[s
             return None
     parts, order = _cut(text, quoted)
     tmpl = Template(parts, order, built.route, app.amqp, app.conf.task_repr_maxlevels)
-    if not _check(app, tmpl, name, options, headers, task_type, max_bytes):
+    if not _check(app, tmpl, name, options, headers, task_type, max_bytes, key_prefix):
         return None
     return tmpl
 
@@ -250,12 +249,12 @@ def _cut(text: str, quoted: Mapping[str, str]) -> tuple[list[str], list[int]]:
 
 
 def _check(app: Celery, tmpl: Template, name: str, options: Mapping[str, Any],
-           headers: Mapping[str, Any], task_type: Any, max_bytes: int) -> bool:
+           headers: Mapping[str, Any], task_type: Any, max_bytes: int, key_prefix: str) -> bool:
     """Render a sample call and compare it with what ``build_message`` makes of it."""
     args, kwargs = (1, "a", None, 2.5), {"k": [1, "é"]}
     opts = dict(options)
     eta = "2030-01-02T03:04:05.678901+00:00"
-    opts["headers"] = {**headers, **job_headers(3, get_config(app).key_prefix, eta)}
+    opts["headers"] = {**headers, **job_headers(3, key_prefix, eta)}
     opts["root_id"], opts["parent_id"] = "root-sample", "parent-sample"
     ref = build_message(app, name, args, kwargs, "id-sample", opts, task_type, max_bytes=max_bytes)
     tag = json.loads(ref.body)["properties"]["delivery_tag"]
@@ -265,9 +264,13 @@ def _check(app: Celery, tmpl: Template, name: str, options: Mapping[str, Any],
 
 def template_for(
     app: Celery, name: str, options: Mapping[str, Any], headers: Mapping[str, Any],
-    task_type: Any, max_bytes: int,
+    task_type: Any, max_bytes: int, key_prefix: str,
 ) -> Template | None:
-    """The cached template for this task and these options, or None (use ``build_message``)."""
+    """The cached template for this task and these options, or None (use ``build_message``).
+
+    ``max_bytes`` and ``key_prefix`` are the store's ``max_payload_bytes``
+    and key prefix (the prefix is in every message's headers).
+    """
     if not options.keys() <= _KEYED:
         return None
     exp = options.get("expires")
@@ -275,8 +278,7 @@ def template_for(
         return None  # relative expiry: computed from the clock at every call
     try:
         # the store's prefix is in every message's headers (the testing kit gives an app a store of its own)
-        key: tuple[Any, ...] = (name, id(task_type), os.getpid(), app.thread_oid, max_bytes,
-                                get_config(app).key_prefix)
+        key: tuple[Any, ...] = (name, id(task_type), os.getpid(), app.thread_oid, max_bytes, key_prefix)
         if options or headers:
             key += (tuple(sorted(options.items())), tuple(sorted(headers.items())))
         cache: dict[Any, Template | None] = app.__dict__.setdefault(_ATTR, {})
@@ -285,7 +287,7 @@ def template_for(
         pass
     except TypeError:
         return None  # an unhashable option value
-    tmpl = _make(app, name, options, headers, task_type, max_bytes)
+    tmpl = _make(app, name, options, headers, task_type, max_bytes, key_prefix)
     if len(cache) < 1024:
         cache[key] = tmpl
     return tmpl
