@@ -19,13 +19,12 @@ from celery import Celery
 
 from ..errors import DuplicateJob, InvalidOption, UnknownTask
 from ..store import NewJob, Store, shard_for
-from ..store.compact import Template as CompactTemplate
-from ..store.compact import fast_uuid4
+from ..store.compact import Template, fast_uuid4
 from ..timeutil import due_spec, eta_is_due, eta_iso
 from ..vocab import ETA_HEADER, GENERATION_HEADER, SHARD_HEADER, STORE_HEADER, Field, job_headers
 from .message import build_message, check_options, parent_ids, route_fields
 from .misfire import check_expiry, release_fields
-from .template import Template, template_for
+from .template import MessageTemplate, template_for
 
 #: Namespace of job ids derived from idempotency keys (uuid5).
 IDEMPOTENCY_NAMESPACE = uuid.UUID("5b0e7a4c-2f47-4f3e-9d0a-6c3e1f0d9a11")
@@ -202,7 +201,7 @@ def _render_fast(
     app: Celery, store: Store, name: str, args: Sequence[Any], kwargs: Mapping[str, Any], job_id: str,
     shard: int, options: dict[str, Any], headers: Mapping[str, Any], task_type: Any, release: Mapping[str, str],
     eta: str | None, eta_from_due: bool = False,
-) -> tuple[dict[str, str], dict[str, str], CompactTemplate] | None:
+) -> tuple[dict[str, str], dict[str, str], Template] | None:
     """(shared, all) record fields of a compact job, and its template; None when a cached template
     cannot make it (the regular path builds its whole message).
 
@@ -224,7 +223,7 @@ def _render_fast(
     return common, common | own, compact
 
 
-def shared_fields(store: Store, name: str, tmpl: Template, release: Mapping[str, str]) -> dict[str, str]:
+def shared_fields(store: Store, name: str, tmpl: MessageTemplate, release: Mapping[str, str]) -> dict[str, str]:
     """The record fields every job of a template (and release settings) has: one object, cached."""
     rkey = tuple(release.items())
     common = tmpl.records.get(rkey)
@@ -237,8 +236,8 @@ def shared_fields(store: Store, name: str, tmpl: Template, release: Mapping[str,
     return common
 
 
-def compact_shared(store: Store, name: str, tmpl: Template,
-                   release: Mapping[str, str]) -> tuple[dict[str, str], CompactTemplate]:
+def compact_shared(store: Store, name: str, tmpl: MessageTemplate,
+                   release: Mapping[str, str]) -> tuple[dict[str, str], Template]:
     """The shared record fields of a template's compact jobs (the template id and the release
     fields: one object, cached) and the store's template."""
     rkey = ("compact", tuple(release.items()))
@@ -271,7 +270,7 @@ class PlainCalls:
 
     __slots__ = ("common", "compact", "expires", "name", "parent_id", "root_id", "store", "task", "tmpl", "tz")
 
-    def __init__(self, store: Store, tmpl: Template, common: dict[str, str], compact: CompactTemplate,
+    def __init__(self, store: Store, tmpl: MessageTemplate, common: dict[str, str], compact: Template,
                  root_id: Any, parent_id: Any, tz: Any, expires: Any, name: str, task: Any) -> None:
         self.store, self.tmpl, self.common, self.compact, self.tz = store, tmpl, common, compact, tz
         self.root_id, self.parent_id = root_id, parent_id
