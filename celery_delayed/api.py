@@ -22,7 +22,6 @@ from .producer.message import parent_ids, task_defaults
 from .producer.prepare import PlainCalls, Prepared, job_id_for_key, lookup_task, prepare, refuse_taken
 from .result import DelayedResult
 from .store import NewJob, Store, get_store
-from .store.compact import fast_uuid4
 from .timeutil import due_spec, from_ms
 from .vocab import Field, JobState
 
@@ -175,8 +174,8 @@ def _apply_keyed(app: Celery, store: Store, name: str, args: Sequence[Any] | Non
                  kwargs: Mapping[str, Any] | None, when: object, spec: KeyedSpec, shard_key: str | int | None,
                  task: Any, opts: Mapping[str, Any]) -> DelayedResult:
     """``apply_later`` with a debounce or throttle key: one script on the key's shard."""
-    p = prepare(app, store, name, args, kwargs, when, task_id=fast_uuid4(),
-                shard_key=spec.key if shard_key is None else shard_key, task_type=task, options=opts)
+    p = prepare(app, store, name, args, kwargs, when, shard_key=spec.key if shard_key is None else shard_key,
+                task_type=task, options=opts)
     res = store.jobs.schedule_keyed(p.job, spec.mode, spec.key, spec.limit_ms)
     if res.created and app.conf.task_send_sent_event:
         _announce_scheduled(app, [p], [res])
