@@ -22,7 +22,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from celery_delayed.producer.jobs import prepare
+from celery_delayed.producer.prepare import prepare
 from celery_delayed.store import NewJob, Store, get_store
 from celery_delayed.store.loader import Script, Scripts, lua_dir
 from celery_delayed.store.stats import FleetStats
@@ -68,7 +68,7 @@ def _scripts(store: Store, stub: str | None) -> Scripts:
 def _fill(store: Store, app: Any, n: int, u: str, due_of: Any, calls: list[tuple[str, str]],
           chunk: int = 20_000) -> float:
     """Schedule n jobs through ``store.jobs.schedule``, round robin over (task, queue) pairs; return seconds."""
-    bases = [prepare(app, task, (0.0,), {}, 0, options={"queue": queue}, task_type=None).job
+    bases = [prepare(app, store, task, (0.0,), {}, 0, options={"queue": queue}, task_type=None).job
              for task, queue in calls]
 
     def one(start: int) -> None:

@@ -15,7 +15,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from celery_delayed.producer.jobs import prepare
+from celery_delayed.producer.prepare import prepare
 from celery_delayed.store import NewJob, Store, get_store
 
 from .celery_app import make_app
@@ -55,7 +55,7 @@ _PAD = "x" * 330  # makes the stored envelope ~1 KB (base64 grows it by a third)
 
 def _fill(store: Store, app: Any, n: int, u: str, due_of: Any, pad: str = _PAD, chunk: int = 20_000) -> float:
     """Schedule n jobs through ``store.jobs.schedule`` (one message text shared by all); return seconds."""
-    p = prepare(app, "bench.late_d", (0.0,), {"pad": pad}, 0, task_type=app.tasks["bench.late_d"])
+    p = prepare(app, store, "bench.late_d", (0.0,), {"pad": pad}, 0, task_type=app.tasks["bench.late_d"])
     base = p.job
 
     def one(start: int) -> None:

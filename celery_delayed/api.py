@@ -17,12 +17,11 @@ from celery import Celery
 from .announce import shared as shared_announcer
 from .cancellation import cancel_job
 from .errors import ConfigurationError, DuplicateJob, InvalidOption, StoreFull
-from .producer.jobs import PlainCalls, Prepared, job_id_for_key, lookup_task, prepare, refuse_taken
 from .producer.keyed import KeyedSpec, keyed_spec
 from .producer.message import parent_ids, task_defaults
+from .producer.prepare import PlainCalls, Prepared, job_id_for_key, lookup_task, prepare, refuse_taken
 from .result import DelayedResult
-from .store import NewJob, get_store
-from .store.compact import fast_uuid4
+from .store import NewJob, Store, get_store
 from .timeutil import due_spec, from_ms
 from .vocab import Field, JobState
 
@@ -36,15 +35,16 @@ _KEYED_ARGS = frozenset({"debounce_key", "max_wait", "throttle_key", "window"})
 _GENERATION_TRIES = 5
 
 
-def store_prepared(app: Celery, prepared: Sequence[Prepared], connection: Any = None) -> list[DelayedResult]:
-    """Store prepared jobs (:func:`~celery_delayed.producer.jobs.prepare`; one round trip) and return their handles.
+def store_prepared(app: Celery, store: Store, prepared: Sequence[Prepared],
+                   connection: Any = None) -> list[DelayedResult]:
+    """Store jobs prepared for ``store`` (:func:`~celery_delayed.producer.prepare.prepare`; one round trip) and
+    return their handles.
 
     A job with an idempotency key whose previous job was cancelled is stored
     again as that job's next generation (one more round trip, only then): a
     cancel frees the key. With ``delayed_database_url`` the rows are written
     first (:mod:`celery_delayed.sql.outbox`).
     """
-    store = get_store(app)
     if store.config.database_url:
         # imported here: SQLAlchemy is an optional extra (celery-delayed[sql])
         from .sql.outbox import store_with_rows
@@ -153,29 +153,29 @@ def apply_later(
     """
     task = lookup_task(app, name, strict)
     opts = (task_defaults(task) if task is not None else {}) | options
+    store = get_store(app)
     spec = keyed_spec(debounce_key, max_wait, throttle_key, window, task_id=task_id,
                       idempotency_key=idempotency_key, connection=connection,
-                      database=bool(get_store(app).config.database_url))
+                      database=bool(store.config.database_url))
     if spec is not None:
-        return _apply_keyed(app, name, args, kwargs, when, spec, shard_key, task, opts)
+        return _apply_keyed(app, store, name, args, kwargs, when, spec, shard_key, task, opts)
     if not options and task_id is None and shard_key is None and idempotency_key is None:
         # Only args, kwargs and when: the path apply_later_many takes for such calls (the same job).
-        plain = PlainCalls.cached(app, name, task, opts)
+        plain = PlainCalls.cached(app, store, name, task, opts)
         fast = plain.prepare(args, kwargs, when, parent_ids(app, None, None)) if plain is not None else None
         if fast is not None:
-            return store_prepared(app, [fast], connection)[0]
-    p = prepare(app, name, args, kwargs, when, task_id=task_id, shard_key=shard_key,
+            return store_prepared(app, store, [fast], connection)[0]
+    p = prepare(app, store, name, args, kwargs, when, task_id=task_id, shard_key=shard_key,
                 idempotency_key=idempotency_key, task_type=task, options=opts)
-    return store_prepared(app, [p], connection)[0]
+    return store_prepared(app, store, [p], connection)[0]
 
 
-def _apply_keyed(app: Celery, name: str, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None,
-                 when: object, spec: KeyedSpec, shard_key: str | int | None, task: Any,
-                 opts: Mapping[str, Any]) -> DelayedResult:
+def _apply_keyed(app: Celery, store: Store, name: str, args: Sequence[Any] | None,
+                 kwargs: Mapping[str, Any] | None, when: object, spec: KeyedSpec, shard_key: str | int | None,
+                 task: Any, opts: Mapping[str, Any]) -> DelayedResult:
     """``apply_later`` with a debounce or throttle key: one script on the key's shard."""
-    p = prepare(app, name, args, kwargs, when, task_id=fast_uuid4(),
-                shard_key=spec.key if shard_key is None else shard_key, task_type=task, options=opts)
-    store = get_store(app)
+    p = prepare(app, store, name, args, kwargs, when, shard_key=spec.key if shard_key is None else shard_key,
+                task_type=task, options=opts)
     res = store.jobs.schedule_keyed(p.job, spec.mode, spec.key, spec.limit_ms)
     if res.created and app.conf.task_send_sent_event:
         _announce_scheduled(app, [p], [res])
@@ -197,9 +197,10 @@ def apply_later_many(
     """
     task = lookup_task(app, name, strict)
     defaults = task_defaults(task) if task is not None else {}
+    store = get_store(app)
     prepared = []
     chosen: list[NewJob] = []  # jobs whose task_id the caller chose
-    plain = PlainCalls.create(app, name, task, defaults)
+    plain = PlainCalls.create(app, store, name, task, defaults)
     for call in calls:
         if not isinstance(call, Mapping):
             raise InvalidOption(
@@ -217,7 +218,7 @@ def apply_later_many(
                 f"apply_later_many does not take {sorted(_KEYED_ARGS.intersection(c))}: a debounced or "
                 "throttled call decides on the key's job one at a time; call apply_later for it")
         p = prepare(
-            app, name, c.pop("args", None), c.pop("kwargs", None), c.pop("when", 0),
+            app, store, name, c.pop("args", None), c.pop("kwargs", None), c.pop("when", 0),
             task_id=c.pop("task_id", None), shard_key=c.pop("shard_key", None),
             idempotency_key=c.pop("idempotency_key", None), task_type=task, options=defaults | c,
         )
@@ -226,9 +227,9 @@ def apply_later_many(
             chosen.append(p.job)
     if not prepared:
         return []
-    if chosen and not get_store(app).config.database_url:  # with a database its primary key refuses them
-        refuse_taken(get_store(app), chosen)
-    return store_prepared(app, prepared, connection)
+    if chosen and not store.config.database_url:  # with a database its primary key refuses them
+        refuse_taken(store, chosen)
+    return store_prepared(app, store, prepared, connection)
 
 
 def cancel(app: Celery, job_id: str, *, terminate: bool = False, signal: str = "SIGTERM") -> str:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from ..errors import InvalidOption
-from .jobs import MAX_KEY_BYTES, check_str
+from .prepare import MAX_KEY_BYTES, check_str
 
 #: The longest max_wait or window accepted, seconds (a year).
 MAX_SPAN_S = 366 * 86400

@@ -1,14 +1,16 @@
-"""A fast path for :func:`~celery_delayed.message.build_message`: envelope templates.
+"""A fast path for :func:`~celery_delayed.producer.message.build_message`: envelope templates.
 
 Building a message through Celery (router, ``create_task_message``,
 ``saferepr``, kombu serialization, the envelope JSON) costs far more than
 storing it. For one task with one set of options, almost all of the envelope
 is the same from call to call: only the task id, root and parent ids,
 ``argsrepr``/``kwargsrepr``, the ``delayed_shard`` and ``delayed_eta``
-headers, the ``delivery_tag`` and the body change. A :class:`Template` is the envelope
-text that ``build_message`` produced once, cut at those places; rendering
-it joins the constant parts with the per-call values, encoded exactly as
-Celery and kombu encode them.
+headers, the ``delivery_tag`` and the body change. A :class:`MessageTemplate`
+is the envelope text that ``build_message`` produced once, cut at those
+places; rendering it joins the constant parts with the per-call values,
+encoded exactly as Celery and kombu encode them. (The store keeps its own
+:class:`~celery_delayed.store.compact.Template`, made from this one, for
+compact records.)
 
 A template is made only when the result cannot depend on anything but the
 cached key (JSON serializer, no compression, no task-sent events, routers
@@ -38,10 +40,8 @@ from kombu.serialization import registry
 from kombu.utils.json import JSONEncoder
 from kombu.utils.json import dumps as kombu_json_dumps
 
-from ..config import get_config
 from ..store.broker_layout import Route
-from ..store.compact import Template as CompactTemplate
-from ..store.compact import body_head64, fast_uuid4, job_fields, make_template
+from ..store.compact import Template, body_head64, fast_uuid4, job_fields, make_template
 from ..vocab import job_headers
 from .message import build_message
 
@@ -101,7 +101,7 @@ def fast_repr(value: Any, maxsize: int) -> str | None:
     return text if len(text) < maxsize else None
 
 
-class Template:
+class MessageTemplate:
     """The envelope of one (task, options) pair with slots for the per-call values."""
 
     __slots__ = ("argsrepr_maxsize", "compacts", "kwargsrepr_maxsize", "maxlevels", "order", "parts", "records",
@@ -117,9 +117,9 @@ class Template:
         #: the caller's cache of the record fields its jobs share (task, queue, destination)
         self.records: dict[Any, dict[str, str]] = {}
         #: the store's compact template of these messages, per set of routing fields
-        self.compacts: dict[Any, CompactTemplate] = {}
+        self.compacts: dict[Any, Template] = {}
 
-    def compact(self, route_fields: Mapping[str, str]) -> CompactTemplate:
+    def compact(self, route_fields: Mapping[str, str]) -> Template:
         """The store's template of these messages (``store/compact.py``), with their routing fields."""
         key = tuple(sorted(route_fields.items()))
         t = self.compacts.get(key)
@@ -198,12 +198,12 @@ def _eligible(app: Celery) -> bool:
 
 
 def _make(app: Celery, name: str, options: Mapping[str, Any], headers: Mapping[str, Any],
-          task_type: Any, max_bytes: int) -> Template | None:
+          task_type: Any, max_bytes: int, key_prefix: str) -> MessageTemplate | None:
     """Build the template from one real message (and check it against another)."""
     if not _eligible(app):
         return None
     opts = dict(options)
-    opts["headers"] = {**headers, **job_headers(_TOKENS["shard"], get_config(app).key_prefix, _TOKENS["eta"])}
+    opts["headers"] = {**headers, **job_headers(_TOKENS["shard"], key_prefix, _TOKENS["eta"])}
     opts["root_id"], opts["parent_id"] = _TOKENS["root"], _TOKENS["parent"]
     built = build_message(app, name, (), {}, _TOKENS["id"], opts, task_type, max_bytes=max_bytes)
     if built.sent_event is not None:
@@ -223,8 +223,8 @@ def _make(app: Celery, name: str, options: Mapping[str, Any], headers: Mapping[s
         if text.count(q) != _EXPECTED[slot]:
             return None
     parts, order = _cut(text, quoted)
-    tmpl = Template(parts, order, built.route, app.amqp, app.conf.task_repr_maxlevels)
-    if not _check(app, tmpl, name, options, headers, task_type, max_bytes):
+    tmpl = MessageTemplate(parts, order, built.route, app.amqp, app.conf.task_repr_maxlevels)
+    if not _check(app, tmpl, name, options, headers, task_type, max_bytes, key_prefix):
         return None
     return tmpl
 
@@ -249,13 +249,13 @@ def _cut(text: str, quoted: Mapping[str, str]) -> tuple[list[str], list[int]]:
     return parts, order
 
 
-def _check(app: Celery, tmpl: Template, name: str, options: Mapping[str, Any],
-           headers: Mapping[str, Any], task_type: Any, max_bytes: int) -> bool:
+def _check(app: Celery, tmpl: MessageTemplate, name: str, options: Mapping[str, Any],
+           headers: Mapping[str, Any], task_type: Any, max_bytes: int, key_prefix: str) -> bool:
     """Render a sample call and compare it with what ``build_message`` makes of it."""
     args, kwargs = (1, "a", None, 2.5), {"k": [1, "é"]}
     opts = dict(options)
     eta = "2030-01-02T03:04:05.678901+00:00"
-    opts["headers"] = {**headers, **job_headers(3, get_config(app).key_prefix, eta)}
+    opts["headers"] = {**headers, **job_headers(3, key_prefix, eta)}
     opts["root_id"], opts["parent_id"] = "root-sample", "parent-sample"
     ref = build_message(app, name, args, kwargs, "id-sample", opts, task_type, max_bytes=max_bytes)
     tag = json.loads(ref.body)["properties"]["delivery_tag"]
@@ -265,9 +265,13 @@ def _check(app: Celery, tmpl: Template, name: str, options: Mapping[str, Any],
 
 def template_for(
     app: Celery, name: str, options: Mapping[str, Any], headers: Mapping[str, Any],
-    task_type: Any, max_bytes: int,
-) -> Template | None:
-    """The cached template for this task and these options, or None (use ``build_message``)."""
+    task_type: Any, max_bytes: int, key_prefix: str,
+) -> MessageTemplate | None:
+    """The cached template for this task and these options, or None (use ``build_message``).
+
+    ``max_bytes`` and ``key_prefix`` are the store's ``max_payload_bytes``
+    and key prefix (the prefix is in every message's headers).
+    """
     if not options.keys() <= _KEYED:
         return None
     exp = options.get("expires")
@@ -275,17 +279,16 @@ def template_for(
         return None  # relative expiry: computed from the clock at every call
     try:
         # the store's prefix is in every message's headers (the testing kit gives an app a store of its own)
-        key: tuple[Any, ...] = (name, id(task_type), os.getpid(), app.thread_oid, max_bytes,
-                                get_config(app).key_prefix)
+        key: tuple[Any, ...] = (name, id(task_type), os.getpid(), app.thread_oid, max_bytes, key_prefix)
         if options or headers:
             key += (tuple(sorted(options.items())), tuple(sorted(headers.items())))
-        cache: dict[Any, Template | None] = app.__dict__.setdefault(_ATTR, {})
+        cache: dict[Any, MessageTemplate | None] = app.__dict__.setdefault(_ATTR, {})
         return cache[key]
     except KeyError:
         pass
     except TypeError:
         return None  # an unhashable option value
-    tmpl = _make(app, name, options, headers, task_type, max_bytes)
+    tmpl = _make(app, name, options, headers, task_type, max_bytes, key_prefix)
     if len(cache) < 1024:
         cache[key] = tmpl
     return tmpl

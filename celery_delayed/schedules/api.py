@@ -11,8 +11,8 @@ from typing import Any
 from celery import Celery
 
 from ..errors import ScheduleNotFound
-from ..producer.jobs import prepare
 from ..producer.message import task_defaults
+from ..producer.prepare import prepare
 from ..result import DelayedResult
 from ..store import Store, get_store
 from ..store.schedules import ScheduleRecords, StoredSchedule
@@ -184,9 +184,9 @@ def run_now(app: Celery, name: str) -> DelayedResult:
     """
     from ..api import store_prepared  # the API module imports the producer; this keeps the import graph flat
 
-    _, s = _stored(app, name)
+    store, s = _stored(app, name)
     d = s.definition
     task = app.tasks.get(d["task"])
     opts = (task_defaults(task) if task is not None else {}) | d["options"]
-    p = prepare(app, d["task"], d["args"], d["kwargs"], 0, shard_key=name, task_type=task, options=opts)
-    return store_prepared(app, [p])[0]
+    p = prepare(app, store, d["task"], d["args"], d["kwargs"], 0, shard_key=name, task_type=task, options=opts)
+    return store_prepared(app, store, [p])[0]

@@ -11,8 +11,9 @@ from typing import Any
 from celery import Celery
 
 from ..errors import DelayedError, InvalidOption
-from ..producer.jobs import check_str, lookup_task, prepare
 from ..producer.message import task_defaults
+from ..producer.prepare import check_str, lookup_task, prepare
+from ..store import get_store
 from .rules import (
     Spec,
     parse_spec,
@@ -70,7 +71,7 @@ def definition(app: Celery, name: str, entry: Mapping[str, Any], *, strict: bool
         raise InvalidOption(f"schedule {name!r}: args, kwargs and options must be JSON-serializable: {exc}") from exc
     task_type = app.tasks.get(task)
     try:  # the occurrence's call, validated once now rather than at every fire time (writes nothing)
-        prepare(app, task, out["args"], out["kwargs"], 0, shard_key=name, task_type=task_type,
+        prepare(app, get_store(app), task, out["args"], out["kwargs"], 0, shard_key=name, task_type=task_type,
                 options=(task_defaults(task_type) if task_type is not None else {}) | out["options"])
     except DelayedError as exc:
         raise InvalidOption(f"schedule {name!r}: {exc}") from exc

@@ -11,9 +11,9 @@ from datetime import datetime, timezone
 from celery import Celery
 
 from ..errors import InvalidState, JobNotFound
-from ..producer.jobs import Prepared, prepare
 from ..producer.message import task_defaults
-from ..store import Store
+from ..producer.prepare import Prepared, prepare
+from ..store import Store, get_store
 from ..store.schedules import StoredSchedule
 from ..vocab import JobState
 from .definition import spec_of
@@ -36,8 +36,9 @@ def occurrence_id(sched: StoredSchedule, fire_ms: int) -> str:
     return str(uuid.uuid5(OCCURRENCE_NAMESPACE, f"{sched.name}\0{sched.epoch}\0{sched.version}\0{fire_ms}"))
 
 
-def occurrence_jobs(app: Celery, sched: StoredSchedule, fires: Sequence[int], grace_ms: int) -> builtins.list[Prepared]:
-    """Prepared jobs for a schedule's occurrences at ``fires`` (ids derived; a stored one is kept).
+def occurrence_jobs(app: Celery, store: Store, sched: StoredSchedule, fires: Sequence[int],
+                    grace_ms: int) -> builtins.list[Prepared]:
+    """Jobs prepared for ``store``: a schedule's occurrences at ``fires`` (ids derived; a stored one is kept).
 
     ``misfire="latest"``: an occurrence released after the next fire time is
     skipped (the next one runs); ``"skip"``: one released later than
@@ -55,7 +56,7 @@ def occurrence_jobs(app: Celery, sched: StoredSchedule, fires: Sequence[int], gr
             late = gap if d["misfire"] == "latest" else min(gap, grace_ms)
             opts |= {"max_lateness": max(late - 1, 1) / 1000, "misfire": "skip"}
         when = datetime.fromtimestamp(fire / 1000, timezone.utc)
-        p = prepare(app, d["task"], d["args"], d["kwargs"], when,
+        p = prepare(app, store, d["task"], d["args"], d["kwargs"], when,
                     task_id=occurrence_id(sched, fire), shard_key=sched.name,
                     task_type=task, options=opts)
         out.append(dataclasses.replace(p, idempotent=True))
@@ -117,7 +118,8 @@ def store_ahead(app: Celery, store: Store, sched: StoredSchedule, owner: str, fe
     if todo is None:
         return 0
     fires, cursor = todo
-    results = store_prepared(app, occurrence_jobs(app, sched, fires, GRACE_MS))
+    app_store = get_store(app)  # the occurrences go through the app's store, as apply_later's jobs do
+    results = store_prepared(app, app_store, occurrence_jobs(app, app_store, sched, fires, GRACE_MS))
     pairs = [(r.id, f) for r, f in zip(results, fires, strict=True)]
     rec = store.schedules
     if rec.advance_schedule(sched, owner, fence, cursor, pairs):

@@ -32,7 +32,7 @@ from typing import Any
 from celery import Celery
 
 from ..errors import ConfigurationError, DelayedError, DuplicateJob, ReplicationTimeout, StoreUnavailable
-from ..producer.jobs import Prepared
+from ..producer.prepare import Prepared
 from ..result import DelayedResult
 from ..store import NewJob, Store
 from ..vocab import Field, JobState

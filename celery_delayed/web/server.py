@@ -37,7 +37,7 @@ from celery import Celery
 from .. import controls, dlq
 from ..cancellation import cancel_job
 from ..errors import DelayedError, InvalidWhen, JobNotFound
-from ..producer.jobs import job_id_for_key
+from ..producer.prepare import job_id_for_key
 from ..store import Pending, get_store
 from ..store.stats import FleetStats
 from ..timeutil import due_spec, from_ms

@@ -58,8 +58,8 @@ from celery.utils.time import maybe_make_aware
 from ..api import store_prepared
 from ..config import get_config
 from ..errors import InvalidOption, InvalidState, InvalidWhen, PayloadTooLarge, SerializationError
-from ..producer.jobs import lookup_task, prepare
 from ..producer.message import split_options, stamp_names, task_defaults
+from ..producer.prepare import lookup_task, prepare
 from ..result import DelayedResult
 from ..store import Store, get_store
 from ..timeutil import due_spec, localize
@@ -179,10 +179,11 @@ def _maybe_store(app: Celery, name: str, args: Any, kwargs: Any, countdown: Any,
             return _store_retry(app, name, args or (), kwargs or {}, when, str(task_id), retries, opts,
                                 options.get("task_type") or app.tasks.get(name), header_eta, properties)
         task = lookup_task(app, name, strict=False)
-        p = prepare(app, name, args, kwargs, when, task_id=task_id, task_type=task,
+        store = get_store(app)
+        p = prepare(app, store, name, args, kwargs, when, task_id=task_id, task_type=task,
                     options=(task_defaults(task) if task is not None else {}) | opts, eta=header_eta,
                     properties=properties)
-        return store_prepared(app, [p])[0]
+        return store_prepared(app, store, [p])[0]
     except _UNSTORABLE as exc:
         return _fall_back(app, name, task_id, f"{type(exc).__name__}: {exc}")
 

@@ -59,7 +59,7 @@ from support import IN_CI, RedisServer, make_app, need
 
 from celery_delayed import InvalidState, JobNotFound
 from celery_delayed.errors import LeaseLost
-from celery_delayed.producer.jobs import prepare
+from celery_delayed.producer.prepare import prepare
 from celery_delayed.scheduler.loop import share
 from celery_delayed.store import Store
 from celery_delayed.store.keys import index_part
@@ -156,7 +156,7 @@ def machine(redis_url: str, bucket_ms: int) -> type[RuleBasedStateMachine]:
         def _message_fields(self, i: str) -> dict[str, str]:
             """The record fields of a message of job ``i`` (what the worker side stores for a retry)."""
             if i not in self._fields:
-                p = prepare(self.app, TASK, (i,), {}, 0, task_id=i, shard_key=self._shard_key(i))
+                p = prepare(self.app, self.store, TASK, (i,), {}, 0, task_id=i, shard_key=self._shard_key(i))
                 self._fields[i] = {k: v for k, v in p.job.full_fields().items() if v}
             return self._fields[i]
 
@@ -255,7 +255,7 @@ def machine(redis_url: str, bucket_ms: int) -> type[RuleBasedStateMachine]:
                 opts["expires"] = datetime.fromtimestamp((self.now + exp) / 1000, tz=timezone.utc)
             if misfire is not None:
                 opts.update(misfire=misfire, max_lateness=ml / 1000)
-            p = prepare(self.app, TASK, (i,), {}, 0, task_id=i, shard_key=SHARD_KEYS.get(i), options=opts)
+            p = prepare(self.app, self.store, TASK, (i,), {}, 0, task_id=i, shard_key=SHARD_KEYS.get(i), options=opts)
             spec, due = self._spec(delta, relative)
             res = self.store.jobs.schedule([replace(p.job, due=spec)], now_ms=self.now)[0]
             if i in self.jobs:
@@ -282,7 +282,7 @@ def machine(redis_url: str, bucket_ms: int) -> type[RuleBasedStateMachine]:
         def _keyed(self, mode: str, key: str, delta: int, relative: bool, limit: int | None) -> None:
             """schedule_keyed.lua: a debounced or throttled call."""
             new_id = f"{mode[0]}{len(self.keyed)}"
-            p = prepare(self.app, TASK, (new_id,), {}, 0, task_id=new_id, shard_key=key)
+            p = prepare(self.app, self.store, TASK, (new_id,), {}, 0, task_id=new_id, shard_key=key)
             spec, due = self._spec(delta, relative)
             res = self.store.jobs.schedule_keyed(replace(p.job, due=spec), mode, key, limit, now_ms=self.now)
             entry = self.entries.get((mode, key))

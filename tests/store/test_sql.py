@@ -182,9 +182,9 @@ def test_the_mirror_carries_state_changes_to_the_rows(dapp: Any) -> None:
 
 
 def store_job(app: Any) -> Any:
-    from celery_delayed.producer.jobs import prepare
+    from celery_delayed.producer.prepare import prepare
 
-    return prepare(app, TASK, when=60).job
+    return prepare(app, get_store(app), TASK, when=60).job
 
 
 @pytest.mark.timeout(120)

@@ -364,7 +364,7 @@ def test_sent_event_fields(redis_url: str, uid: str) -> None:
 def test_apply_later_message_equals_apply_async(redis_url: str, uid: str, client: redis.Redis) -> None:
     """The whole API path (task defaults, router, options) against Celery's apply_async."""
     from celery_delayed import DelayedTask
-    from celery_delayed.producer.jobs import prepare
+    from celery_delayed.producer.prepare import prepare
 
     app = make_app(redis_url, uid, task_default_priority=4, task_compression="gzip",
                    task_routes={"tests.message.dt": {"queue": f"r{uid}"}})
@@ -379,7 +379,7 @@ def test_apply_later_message_equals_apply_async(redis_url: str, uid: str, client
     dt.apply_async((1,), {"b": "x"}, task_id=tid, **opts)
     [(key, [raw])] = _lists(client, before).items()
     client.delete(key)
-    p = prepare(app, dt.name, (1,), {"b": "x"}, 5, task_id=tid, task_type=dt,
+    p = prepare(app, get_store(app), dt.name, (1,), {"b": "x"}, 5, task_id=tid, task_type=dt,
                 options=task_defaults(dt) | opts)
     assert key == p.job.full_fields()["lk"] == f"r{uid}{SEP}6"
     mine = json.loads(p.job.full_fields()["msg"])
@@ -407,7 +407,7 @@ TRICKY_ARGS: list[tuple[tuple[Any, ...], dict[str, Any]]] = [
 def test_repeated_calls_match_apply_async(redis_url: str, uid: str, client: redis.Redis) -> None:
     """Many calls of one task and option set (the shape a cached envelope template serves)."""
     from celery_delayed import DelayedTask
-    from celery_delayed.producer.jobs import prepare
+    from celery_delayed.producer.prepare import prepare
 
     app = make_app(redis_url, uid)
 
@@ -422,7 +422,7 @@ def test_repeated_calls_match_apply_async(redis_url: str, uid: str, client: redi
             rep.apply_async(args, kwargs, task_id=tid, **opts)
             [(key, [raw])] = _lists(client, before).items()
             client.delete(key)
-            p = prepare(app, rep.name, args, kwargs, 5, task_id=tid, task_type=rep,
+            p = prepare(app, get_store(app), rep.name, args, kwargs, 5, task_id=tid, task_type=rep,
                         options=task_defaults(rep) | opts)
             assert key == p.job.full_fields()["lk"]
             mine = json.loads(p.job.full_fields()["msg"])

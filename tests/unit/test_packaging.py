@@ -23,7 +23,7 @@ from pathlib import Path
 import celery_delayed
 from celery import Celery
 from celery_delayed import get_store
-from celery_delayed.producer.jobs import prepare
+from celery_delayed.producer.prepare import prepare
 from celery_delayed.store.loader import lua_dir, scripts
 
 pkg = Path(celery_delayed.__file__).resolve().parent
@@ -31,7 +31,7 @@ app = Celery("pkgtest", broker=sys.argv[1], set_as_current=False)
 uid = uuid.uuid4().hex[:10]
 app.conf.update(delayed_key_prefix="pkg" + uid, task_default_queue="q" + uid)
 store = get_store(app)
-job = prepare(app, "pkg.noop", (1,), {}, 0, task_id="job-" + uid).job
+job = prepare(app, store, "pkg.noop", (1,), {}, 0, task_id="job-" + uid).job
 scheduled = store.jobs.schedule([job], now_ms=1_000)[0]
 batch = store.release.release_due(job.shard, now_ms=2_000)
 client = store.redis.client

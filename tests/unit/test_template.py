@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from support import make_app
 
 from celery_delayed import apply_later, apply_later_many, get_store
-from celery_delayed.producer.jobs import prepare
 from celery_delayed.producer.message import build_message, validate_envelope
+from celery_delayed.producer.prepare import prepare
 from celery_delayed.producer.template import fast_repr, template_for
 from celery_delayed.store.compact import fast_uuid4
 from celery_delayed.vocab import job_headers
@@ -38,7 +38,7 @@ def _app(redis_url: str, uid: str, **conf: Any) -> Celery:
 def _same(app: Celery, args: Any, kwargs: Any, options: dict[str, Any], headers: dict[str, Any] | None = None,
           root: str | None = None, parent: str | None = None) -> None:
     headers = headers or {}
-    tmpl = template_for(app, NAME, options, headers, app.tasks[NAME], 1 << 20)
+    tmpl = template_for(app, NAME, options, headers, app.tasks[NAME], 1 << 20, app.conf.delayed_key_prefix)
     assert tmpl is not None
     for eta in (None, "2031-02-03T04:05:06.000007+00:00"):
         opts = dict(options, headers={**headers, **job_headers(7, app.conf.delayed_key_prefix, eta)}, root_id=root,
@@ -84,32 +84,34 @@ def test_render_equals_build_message_for_any_json_args(redis_url: str, args: lis
 def test_no_template_where_the_message_depends_on_more(redis_url: str, uid: str) -> None:
     app = _app(redis_url, uid)
     task = app.tasks[NAME]
-    assert template_for(app, NAME, {"expires": 60}, {}, task, 1 << 20) is None  # relative to the clock
-    assert template_for(app, NAME, {"link": object()}, {}, task, 1 << 20) is None
-    assert template_for(app, NAME, {}, {"h": ["unhashable"]}, task, 1 << 20) is None
+    prefix = app.conf.delayed_key_prefix
+    assert template_for(app, NAME, {"expires": 60}, {}, task, 1 << 20, prefix) is None  # relative to the clock
+    assert template_for(app, NAME, {"link": object()}, {}, task, 1 << 20, prefix) is None
+    assert template_for(app, NAME, {}, {"h": ["unhashable"]}, task, 1 << 20, prefix) is None
     pickled = _app(redis_url, uid + "p", task_serializer="pickle", accept_content=["json", "pickle"])
-    assert template_for(pickled, NAME, {}, {}, pickled.tasks[NAME], 1 << 20) is None
+    assert template_for(pickled, NAME, {}, {}, pickled.tasks[NAME], 1 << 20, pickled.conf.delayed_key_prefix) is None
     events = _app(redis_url, uid + "e", task_send_sent_event=True)
-    assert template_for(events, NAME, {}, {}, events.tasks[NAME], 1 << 20) is None
+    assert template_for(events, NAME, {}, {}, events.tasks[NAME], 1 << 20, events.conf.delayed_key_prefix) is None
 
     def by_args(name: str, args: Any, kwargs: Any, options: Any, task: Any = None, **kw: Any) -> Any:
         return {"queue": "celery"}
 
     routed = _app(redis_url, uid + "r", task_routes=(by_args,))
-    assert template_for(routed, NAME, {}, {}, routed.tasks[NAME], 1 << 20) is None
+    assert template_for(routed, NAME, {}, {}, routed.tasks[NAME], 1 << 20, routed.conf.delayed_key_prefix) is None
 
 
 def test_prepare_uses_the_template_and_stores_the_same_fields(redis_url: str, uid: str) -> None:
     app = _app(redis_url, uid)
     eta = "2030-01-01T00:00:00.000001+00:00"
-    fast = prepare(app, NAME, (1,), {"a": "b"}, 60, task_type=app.tasks[NAME], task_id="fixed-id", eta=eta).job
+    fast = prepare(app, get_store(app), NAME, (1,), {"a": "b"}, 60, task_type=app.tasks[NAME], task_id="fixed-id",
+                   eta=eta).job
     assert fast.common is not None  # took the fast path
     env = json.loads(fast.full_fields()["msg"])
     assert env["headers"]["id"] == env["properties"]["correlation_id"] == env["headers"]["root_id"] == "fixed-id"
     assert env["headers"]["delayed_shard"] == fast.shard
     assert env["headers"]["delayed_eta"] == eta
     assert fast.full_fields()["lk"] == app.conf.task_default_queue
-    slow = prepare(app, NAME, (1,), {"a": "b"}, 60, task_type=app.tasks[NAME], task_id="fixed-id",
+    slow = prepare(app, get_store(app), NAME, (1,), {"a": "b"}, 60, task_type=app.tasks[NAME], task_id="fixed-id",
                    options={"link_error": None, "chain": None}, eta=eta).job
     for k in ("task", "q", "ex", "rk", "lk"):
         assert (fast.full_fields().get(k) or "") == (slow.fields.get(k) or "")

@@ -1,7 +1,9 @@
 """Turn ``apply_later`` calls into jobs: validate, choose the id and shard, build the record.
 
 Nothing here writes to Redis; :func:`celery_delayed.api.apply_later` stores
-what :func:`prepare` returns. A call is validated whole before anything is
+what :func:`prepare` returns. Each function is handed the app's store (what it
+reads of the settings, the shard layout and kombu's layout) by its caller,
+which looked it up once for the call. A call is validated whole before anything is
 stored (bad input raises a typed error and leaves nothing behind).
 """
 
@@ -16,14 +18,13 @@ from typing import Any
 from celery import Celery
 
 from ..errors import DuplicateJob, InvalidOption, UnknownTask
-from ..store import NewJob, Store, get_store, shard_for
-from ..store.compact import Template as CompactTemplate
-from ..store.compact import fast_uuid4
+from ..store import NewJob, Store, shard_for
+from ..store.compact import Template, fast_uuid4
 from ..timeutil import due_spec, eta_is_due, eta_iso
 from ..vocab import ETA_HEADER, GENERATION_HEADER, SHARD_HEADER, STORE_HEADER, Field, job_headers
 from .message import build_message, check_options, parent_ids, route_fields
 from .misfire import check_expiry, release_fields
-from .template import Template, template_for
+from .template import MessageTemplate, template_for
 
 #: Namespace of job ids derived from idempotency keys (uuid5).
 IDEMPOTENCY_NAMESPACE = uuid.UUID("5b0e7a4c-2f47-4f3e-9d0a-6c3e1f0d9a11")
@@ -125,6 +126,7 @@ def _shard_key(shard_key: object) -> str | None:
 
 def prepare(
     app: Celery,
+    store: Store,
     name: str,
     args: Sequence[Any] | None = None,
     kwargs: Mapping[str, Any] | None = None,
@@ -139,7 +141,7 @@ def prepare(
     eta: str | None = FROM_WHEN,
     properties: Mapping[str, Any] | None = None,
 ) -> Prepared:
-    """Validate a call and build its job; write nothing.
+    """Validate a call and build its job for ``store``; write nothing.
 
     ``generation`` > 0 (an idempotency key's job scheduled again after a
     cancel) goes into the record and the message's ``delayed_gen`` header.
@@ -154,10 +156,9 @@ def prepare(
     regenerate = None
     if idempotency_key is not None:
         def regenerate(generation: int) -> Prepared:
-            return prepare(app, name, args, kwargs, when, task_id=task_id, shard_key=shard_key,
+            return prepare(app, store, name, args, kwargs, when, task_id=task_id, shard_key=shard_key,
                            idempotency_key=idempotency_key, task_type=task_type, options=options,
                            generation=generation, eta=eta, properties=properties)
-    store = get_store(app)
     options = dict(options or {})
     release = release_fields(options, task_type, store.config)  # pops max_lateness / misfire
     check_options(options)
@@ -200,7 +201,7 @@ def _render_fast(
     app: Celery, store: Store, name: str, args: Sequence[Any], kwargs: Mapping[str, Any], job_id: str,
     shard: int, options: dict[str, Any], headers: Mapping[str, Any], task_type: Any, release: Mapping[str, str],
     eta: str | None, eta_from_due: bool = False,
-) -> tuple[dict[str, str], dict[str, str], CompactTemplate] | None:
+) -> tuple[dict[str, str], dict[str, str], Template] | None:
     """(shared, all) record fields of a compact job, and its template; None when a cached template
     cannot make it (the regular path builds its whole message).
 
@@ -211,7 +212,7 @@ def _render_fast(
     if "root_id" in options or "parent_id" in options:
         keyed = {k: v for k, v in options.items() if k not in ("root_id", "parent_id")}
     max_bytes = store.config.max_payload_bytes
-    tmpl = template_for(app, name, keyed, headers, task_type, max_bytes)
+    tmpl = template_for(app, name, keyed, headers, task_type, max_bytes, store.config.key_prefix)
     if tmpl is None:
         return None
     root_id, parent_id = parent_ids(app, options.get("root_id"), options.get("parent_id"))
@@ -222,7 +223,7 @@ def _render_fast(
     return common, common | own, compact
 
 
-def shared_fields(store: Store, name: str, tmpl: Template, release: Mapping[str, str]) -> dict[str, str]:
+def shared_fields(store: Store, name: str, tmpl: MessageTemplate, release: Mapping[str, str]) -> dict[str, str]:
     """The record fields every job of a template (and release settings) has: one object, cached."""
     rkey = tuple(release.items())
     common = tmpl.records.get(rkey)
@@ -235,8 +236,8 @@ def shared_fields(store: Store, name: str, tmpl: Template, release: Mapping[str,
     return common
 
 
-def compact_shared(store: Store, name: str, tmpl: Template,
-                   release: Mapping[str, str]) -> tuple[dict[str, str], CompactTemplate]:
+def compact_shared(store: Store, name: str, tmpl: MessageTemplate,
+                   release: Mapping[str, str]) -> tuple[dict[str, str], Template]:
     """The shared record fields of a template's compact jobs (the template id and the release
     fields: one object, cached) and the store's template."""
     rkey = ("compact", tuple(release.items()))
@@ -269,7 +270,7 @@ class PlainCalls:
 
     __slots__ = ("common", "compact", "expires", "name", "parent_id", "root_id", "store", "task", "tmpl", "tz")
 
-    def __init__(self, store: Store, tmpl: Template, common: dict[str, str], compact: CompactTemplate,
+    def __init__(self, store: Store, tmpl: MessageTemplate, common: dict[str, str], compact: Template,
                  root_id: Any, parent_id: Any, tz: Any, expires: Any, name: str, task: Any) -> None:
         self.store, self.tmpl, self.common, self.compact, self.tz = store, tmpl, common, compact, tz
         self.root_id, self.parent_id = root_id, parent_id
@@ -282,9 +283,9 @@ class PlainCalls:
         return call.keys() <= _PLAIN_KEYS
 
     @classmethod
-    def create(cls, app: Celery, name: str, task: Any, defaults: Mapping[str, Any]) -> PlainCalls | None:
-        """The batch's shared part, or None when the calls need the regular path."""
-        store = get_store(app)
+    def create(cls, app: Celery, store: Store, name: str, task: Any,
+               defaults: Mapping[str, Any]) -> PlainCalls | None:
+        """The batch's shared part for ``store``, or None when the calls need the regular path."""
         options = dict(defaults)
         try:
             release = release_fields(options, task, store.config)
@@ -295,7 +296,8 @@ class PlainCalls:
         if not isinstance(headers, Mapping):
             return None
         root_id, parent_id = options.pop("root_id", None), options.pop("parent_id", None)
-        tmpl = template_for(app, name, options, dict(headers), task, store.config.max_payload_bytes)
+        tmpl = template_for(app, name, options, dict(headers), task, store.config.max_payload_bytes,
+                            store.config.key_prefix)
         if tmpl is None:
             return None
         root_id, parent_id = parent_ids(app, root_id, parent_id)
@@ -304,25 +306,25 @@ class PlainCalls:
                    name, task)
 
     @classmethod
-    def cached(cls, app: Celery, name: str, task: Any, defaults: Mapping[str, Any]) -> PlainCalls | None:
+    def cached(cls, app: Celery, store: Store, name: str, task: Any,
+               defaults: Mapping[str, Any]) -> PlainCalls | None:
         """:meth:`create`, kept per app, task, process, thread and task defaults (a single call's short path).
 
         What it holds does not depend on the call; the caller passes each
         call's root and parent ids to :meth:`prepare`. Like the message
-        templates it rests on, it follows the task's defaults and the app's
-        store, not later changes to the app's configuration.
+        templates it rests on, it follows the task's defaults and ``store``
+        (another store gets its own), not later changes to the app's configuration.
         """
-        store = get_store(app)
         try:
             key = (name, id(task), os.getpid(), app.thread_oid, tuple(defaults.items()),
                    getattr(task, "misfire", None), getattr(task, "max_lateness", None))
             cache: dict[Any, tuple[Store, Any, PlainCalls | None]] = app.__dict__.setdefault(_PLAIN_ATTR, {})
             hit = cache.get(key)
         except TypeError:  # an unhashable default
-            return cls.create(app, name, task, defaults)
+            return cls.create(app, store, name, task, defaults)
         if hit is not None and hit[0] is store and hit[1] is task:
             return hit[2]
-        plain = cls.create(app, name, task, defaults)
+        plain = cls.create(app, store, name, task, defaults)
         if len(cache) >= 256:
             cache.clear()
         cache[key] = (store, task, plain)
