@@ -206,7 +206,7 @@ class Scheduler(BackgroundThread):
     def _announce(self) -> None:
         """Tell the other schedulers that the membership changed (best effort)."""
         try:
-            self.store.fleet.announce(self.owner)
+            self.store.fleet.notify_members(self.owner)
         except Exception:
             logger.debug("announcing the membership change failed", exc_info=True)
 

@@ -109,7 +109,7 @@ class Fleet(Facet):
         """The schedulers whose membership lease has not run out."""
         return [str(m) for m in self.redis.client.zrangebyscore(self.keys.schedulers, self.redis.now_ms(), "+inf")]
 
-    def announce(self, owner: str) -> None:
+    def notify_members(self, owner: str) -> None:
         """Tell the other schedulers that the membership changed (on the wake channel)."""
         self.redis.client.publish(self.keys.wake, MEMBERS_NOTICE + owner)
 
@@ -125,7 +125,7 @@ class WakeSubscription:
     ``schedule.lua`` (and the other scripts that index a job) publish
     ``"<shard>:<due_ms>"`` there when a job is due earlier than the shard's
     known next due time; schedulers publish ``"members|<owner>"`` when they
-    join or leave (:meth:`Fleet.announce`).
+    join or leave (:meth:`Fleet.notify_members`).
     """
 
     def __init__(self, client: redis.Redis, channel: str) -> None:
