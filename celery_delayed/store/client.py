@@ -104,6 +104,11 @@ def translate_errors(cls: C) -> C:
     return cls
 
 
+def translated(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Method decorator: :func:`translate_errors` for one method (of an object with a ``url``)."""
+    return _wrap(fn)
+
+
 def _wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:

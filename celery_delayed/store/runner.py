@@ -46,7 +46,7 @@ from .client import (
     make_client,
     not_executed,
     translate,
-    translate_errors,
+    translated,
 )
 from .keys import Keys, ShardKeys
 from .lane import ClusterLane, Lane, Lanes
@@ -63,9 +63,11 @@ LONG_CALL_S_PER_JOB = 100e-6
 Call = tuple[Sequence[str], Sequence[Arg]]
 
 
-@translate_errors
 class Runner:
     """The Redis transport of one store: its client, its threads' connections, and how scripts run.
+
+    Its calls raise redis-py's errors: the facets translate them at their
+    boundary (a facet decides, e.g., which jobs a refused batch had written).
 
     Args:
         app: the Celery app (its broker settings decide what a Redis Cluster refuses).
@@ -440,6 +442,7 @@ class Runner:
             return str(now_ms)
         return "" if self.clock is None else str(self.clock())
 
+    @translated
     def now_ms(self) -> int:
         """The store's clock, epoch ms: the Redis server's (or the test clock, :attr:`clock`)."""
         if self.clock is not None:
