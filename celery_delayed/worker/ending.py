@@ -47,9 +47,6 @@ class End(str, Enum):
     DEAD = "dead"
     FAIL = "fail"
 
-    def __str__(self) -> str:
-        return self.value
-
 
 @dataclass(frozen=True)
 class Ended:

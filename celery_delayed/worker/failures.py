@@ -255,5 +255,5 @@ class Failures:
 def _not_done(ended: Ended, wanted: End) -> str:
     """Why ``ended`` is not the ``wanted`` end done, for a log line."""
     if ended.by is not wanted:
-        return f"the attempt had ended already ({ended.by}: {ended.state})"
+        return f"the attempt had ended already ({ended.by.value}: {ended.state})"
     return f"its record is {ended.outcome.state if ended.outcome is not None else 'unknown'}"

@@ -271,7 +271,7 @@ class DelayedTask(Task):  # type: ignore[misc]
         outcome = ended.outcome if ended.by is End.RETRY else None
         if outcome is None or outcome.code in (Reply.WRONG_STATE, Reply.NOT_OWNER):
             # cancelled, finished, running elsewhere, or this attempt had ended otherwise
-            state = outcome.state if outcome is not None else f"{ended.state} ({ended.by})"
+            state = outcome.state if outcome is not None else f"{ended.state} ({ended.by.value})"
             logger.warning("not retrying %s[%s]: the job is %s", self.name, attempt.job_id, state)
             raise Ignore()
         logger.info("retry %s of %s[%s] scheduled for %s", attempt.number, self.name, attempt.job_id,

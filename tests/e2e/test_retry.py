@@ -206,7 +206,7 @@ def _decide(app: Any, exc: BaseException, retries: int = 0, **attrs: Any) -> tup
     store = get_store(app)
     try:
         ended = task.delayed_handle_failure(exc, None)
-        outcome = "none" if ended is None else str(ended.by)
+        outcome = "none" if ended is None else ended.by.value
     except Retry:
         outcome = "retry"
     finally:
