@@ -5,11 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from ..vocab import Field
-from .client import translate_errors
 from .facet import Facet
 
 
-@translate_errors
 class ChangeLog(Facet):
     """Each shard's change log (a Redis stream the scripts append to when a database mirrors the store)."""
 

@@ -16,7 +16,6 @@ from typing import Any
 
 from ..errors import InvalidOption, InvalidState, raise_for
 from ..vocab import Field, JobState, Reply
-from .client import translate_errors
 from .facet import Facet
 from .layout import ShardLayout
 from .lookup import Lookup
@@ -60,7 +59,6 @@ def _letter(job_id: str, shard: int, died: float, rec: list[Any]) -> DeadLetter:
     return DeadLetter(job_id, shard, int(died), task, q, error, n, host)
 
 
-@translate_errors
 class DeadLetters(Facet):
     """The dead-letter queue of one store: every shard's ``dlq`` set, merged by time of death.
 

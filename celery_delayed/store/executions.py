@@ -15,7 +15,6 @@ from typing import Any
 
 from ..errors import JobNotFound
 from ..vocab import Field, Reply
-from .client import translate_errors
 from .facet import Facet
 from .layout import ShardLayout
 from .loader import Arg, Script
@@ -30,7 +29,6 @@ def _flatten(fields: Mapping[str, str]) -> list[str]:
     return [str(len(names)), *names, *(str(fields[n]) for n in names)]
 
 
-@translate_errors
 class Executions(Facet):
     """Each job's execution: its lease while it runs, and how each attempt ended."""
 

@@ -6,6 +6,7 @@ from typing import ClassVar
 
 from ..config import DelayedConfig
 from .broker_layout import BrokerLayout
+from .client import translate_errors
 from .keys import Keys
 from .layout import ShardLayout
 from .runner import Runner
@@ -17,11 +18,17 @@ class Facet:
     A facet holds no connection: it builds each script's keys and arguments,
     runs it through :attr:`redis` (the :class:`~.runner.Runner`) and maps the
     reply to a result or an error. ``SCRIPTS`` names the ``lua/`` scripts it
-    runs, each by the one method that bears the script's name.
+    runs, each by the one method that bears the script's name. Every public
+    method of a facet raises celery-delayed's errors, not redis-py's
+    (:func:`~.client.translate_errors`, applied to each subclass).
     """
 
     #: The scripts of ``lua/`` this facet runs (each by its method of the same name).
     SCRIPTS: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        translate_errors(cls)
 
     def __init__(self, redis: Runner, layout: ShardLayout) -> None:
         self.redis = redis

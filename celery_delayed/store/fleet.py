@@ -15,7 +15,7 @@ import redis
 
 from ..errors import ConfigurationError
 from ..vocab import Reply
-from .client import close_client, make_client, translate_errors
+from .client import close_client, make_client
 from .facet import Facet
 from .loader import Arg
 from .records import Membership
@@ -26,7 +26,6 @@ MEMBERS_NOTICE = "members|"
 LAYOUT_NOTICE = "~layout"
 
 
-@translate_errors
 class Fleet(Facet):
     """Scheduler membership and shard leases (``heartbeat.lua``, ``shard_lease.lua``), and the wake channel."""
 
@@ -97,13 +96,6 @@ class Fleet(Facet):
             else:
                 waits[shard] = str(holder)
         return held, waits
-
-    def member_deadlines(self) -> list[tuple[str, float]]:
-        """Every scheduler's membership deadline, epoch ms (expired ones included until a heartbeat drops them)."""
-        rows: list[tuple[str, float]] = self.redis.client.zrange(  # type: ignore[assignment]
-            self.keys.schedulers, 0, -1, withscores=True
-        )
-        return [(str(m), float(d)) for m, d in rows]
 
     def live_members(self) -> list[str]:
         """The schedulers whose membership lease has not run out."""

@@ -19,7 +19,6 @@ from redis.exceptions import OutOfMemoryError
 from ..errors import InvalidOption, InvalidState, JobNotFound, StoreFull, StoreUnavailable, raise_for
 from ..redis_urls import redact
 from ..vocab import ETA_FALLBACK_LAST, ETA_FALLBACKS, Field, JobState
-from .client import translate_errors
 from .compact import Template
 from .facet import Facet
 from .keys import index_part, parse_index_part, shard_for
@@ -31,7 +30,6 @@ from .records import NEW_JOB_FIELDS, NewJob, Scheduled, rehome
 from .runner import PartlyWritten, Runner
 
 
-@translate_errors
 class Jobs(Facet):
     """Store jobs, and change them while they wait: cancel, reschedule, promote, pause."""
 

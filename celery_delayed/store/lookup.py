@@ -10,7 +10,6 @@ from collections.abc import Iterator, Sequence
 from ..errors import InvalidOption, JobNotFound
 from ..vocab import Field
 from . import compact
-from .client import translate_errors
 from .compact import Template
 from .facet import Facet
 from .layout import ShardLayout
@@ -21,7 +20,6 @@ from .runner import Runner
 _MESSAGE_FIELDS = (Field.MESSAGE, Field.TAG, *(f for f in compact.FIELDS if f != Field.TEMPLATE))
 
 
-@translate_errors
 class Lookup(Facet):
     """Single-job reads, for every side: locate, get, message, template, states."""
 

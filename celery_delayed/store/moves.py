@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..vocab import Field, JobState
-from .client import translate_errors
 from .facet import Facet
 from .keys import shard_for
 from .lookup import Lookup
@@ -34,7 +33,6 @@ class MoveCounts:
     by_state: dict[str, int] = field(default_factory=dict)
 
 
-@translate_errors
 class Moves(Facet):
     """The two halves of moving jobs between shards (``delayed reshard``; a producer meeting a reshard)."""
 

@@ -15,7 +15,6 @@ from typing import Any
 
 from ..errors import LeaseLost
 from ..vocab import Reply
-from .client import translate_errors
 from .facet import Facet
 from .records import Batch
 
@@ -27,7 +26,6 @@ def _triples(reply: Sequence[Any], start: int) -> list[tuple[str, str, str]]:
     return [(str(reply[i]), str(reply[i + 1]), str(reply[i + 2])) for i in range(start, len(reply), 3)]
 
 
-@translate_errors
 class Releases(Facet):
     """Release due jobs (direct or publish path), and find and send again the ones a broker lost."""
 

@@ -17,7 +17,6 @@ from typing import Any
 
 from ..errors import LeaseLost, StoreUnavailable
 from ..vocab import Reply, ScheduleField
-from .client import translate_errors
 from .facet import Facet
 from .keys import shard_for
 from .loader import Arg
@@ -63,7 +62,6 @@ class StoredSchedule:
         )
 
 
-@translate_errors
 class ScheduleRecords(Facet):
     """The recurring schedules of one store (see the module docstring)."""
 

@@ -175,6 +175,7 @@ def test_no_module_reads_another_objects_private_attribute():
     """``x._name`` only on ``self``/``cls`` (and the listed upstream internals; the fixups patch upstream
     internals by design, each documented in its module)."""
     found = []
+    used: set[tuple[str, str]] = set()
     for name, path in _modules().items():
         if name.startswith("celery_delayed.fixups"):
             continue
@@ -186,6 +187,19 @@ def test_no_module_reads_another_objects_private_attribute():
                 continue
             if isinstance(v, ast.Call) and isinstance(v.func, ast.Name) and v.func.id == "super":
                 continue
-            if (name, ast.unparse(n)) not in _UPSTREAM_PRIVATE:
+            if (name, ast.unparse(n)) in _UPSTREAM_PRIVATE:
+                used.add((name, ast.unparse(n)))
+            else:
                 found.append(f"{name}:{n.lineno}: {ast.unparse(n)}")
     assert not found, found
+    assert used == set(_UPSTREAM_PRIVATE), f"listed but no longer read: {set(_UPSTREAM_PRIVATE) - used}"
+
+
+def test_every_public_method_of_a_facet_raises_the_packages_errors():
+    """Redis errors become StoreUnavailable / StoreFull at every facet's boundary (Facet.__init_subclass__)."""
+    import inspect
+
+    for facet in _facets():
+        for name, fn in vars(facet).items():
+            if not name.startswith("_") and inspect.isfunction(fn):
+                assert hasattr(fn, "__wrapped__"), f"{facet.__name__}.{name} lets redis-py's errors through"
