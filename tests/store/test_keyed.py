@@ -223,7 +223,6 @@ def test_apply_later_many_refuses_keys(tapp: Celery) -> None:
 
 
 def test_refused_with_a_database(redis_url: str, uid: str, tmp_path: Any) -> None:
-    pytest.importorskip("sqlalchemy")
     app = make_app(redis_url, uid, delayed_database_url=f"sqlite:///{tmp_path / 'd.db'}")
 
     @app.task(base=DelayedTask, name=NAME, shared=False)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 from redis._parsers import Encoder
 from redis.connection import PythonRespSerializer
@@ -9,8 +11,9 @@ from redis.exceptions import DataError
 
 from celery_delayed.store.client import make_client
 from celery_delayed.store.packer import DirectPacker, direct_packer
+from tests.support.apps import need
 
-pytest.importorskip("hiredis")
+need("hiredis (the test extra)", importlib.util.find_spec("hiredis") is not None)
 
 #: redis-py's own packing (its pure-Python serializer: the bytes every serializer of it sends)
 REDIS_PY = PythonRespSerializer(6000, Encoder("utf-8", "strict", False).encode)

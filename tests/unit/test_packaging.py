@@ -70,13 +70,29 @@ def _build_wheel(out: Path) -> Path:
     return wheels[0]
 
 
+def _see_running_packages(py: Path) -> None:
+    """Let the venv import the running interpreter's dependencies (Celery, redis-py), after its own.
+
+    ``system_site_packages=True`` would mean the *base* interpreter's packages, which lack Celery when
+    the suite runs from a virtualenv. A ``.pth`` line naming each of this interpreter's site-packages
+    folders appends them to the venv's ``sys.path`` (without running their own ``.pth`` files, so the
+    checkout's editable install is not seen: the wheel installed in the venv is what gets imported).
+    """
+    purelib = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    ours = [p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir()]
+    assert ours, f"no site-packages folder on this interpreter's sys.path: {sys.path}"
+    (Path(purelib) / "_running_interpreter.pth").write_text("\n".join(ours) + "\n")
+
+
 @pytest.mark.timeout(240)
 def test_installed_wheel_finds_its_lua_scripts(tmp_path: Path, redis_url: str) -> None:
     wheel = _build_wheel(tmp_path)
 
     env_dir = tmp_path / "venv"
-    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
+    venv.EnvBuilder(system_site_packages=False, with_pip=False).create(env_dir)
     py = env_dir / "bin" / "python"
+    _see_running_packages(py)
     # The venv gets no pip of its own (no network, faster): the system pip,
     # run by the venv's interpreter (or told --python), installs into it.
     has_pip = subprocess.run([str(py), "-m", "pip", "--version"], capture_output=True).returncode == 0
