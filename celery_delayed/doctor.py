@@ -101,11 +101,13 @@ def store_findings(store: Store, *, http_timeout_s: float = 2.0) -> list[Finding
         if int(info.get("aof_enabled", 0)):
             out.append(Finding(OK, "persistence", "AOF on"))
         else:
+            # A warning, not a problem: a development Redis rightly keeps nothing on disk, and a correct
+            # development setup must not look broken. Production needs the AOF: said in words.
             out.append(Finding(
-                PROBLEM, "persistence",
-                "the store's Redis has AOF off: a restart loses every job written since the last RDB snapshot "
-                "(or all of them without one)",
-                "CONFIG SET appendonly yes (and appendonly yes in redis.conf), appendfsync everysec"))
+                WARNING, "persistence",
+                "the store's Redis has AOF off: fine for development, but in production a restart loses every "
+                "job written since the last RDB snapshot (or all of them without one)",
+                "for production: CONFIG SET appendonly yes (and appendonly yes in redis.conf), appendfsync everysec"))
     out.append(_skew(store))
     out += _replication(store, health)
     out += _broker_timeouts(store, http_timeout_s)

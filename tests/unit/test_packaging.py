@@ -123,3 +123,30 @@ def test_installed_wheel_finds_its_lua_scripts(tmp_path: Path, redis_url: str) -
     assert info["state"] == "QUEUED"
     # the dashboard's template and stylesheet ship in the wheel (no CDN)
     assert info["web_assets"] == ["static/app.css", "templates/base.html"]
+
+
+@pytest.mark.timeout(240)
+def test_build_makes_a_wheel_and_sdist_that_twine_accepts(tmp_path: Path) -> None:
+    """``python -m build`` and ``twine check`` pass; the wheel holds the package's data and no tests."""
+    import zipfile
+
+    _run([sys.executable, "-m", "build", "--no-isolation", "--sdist", "--wheel", "--outdir", str(tmp_path), str(ROOT)],
+         tmp_path, 200)
+    wheels = list(tmp_path.glob("celery_delayed-*.whl"))
+    sdists = list(tmp_path.glob("celery_delayed-*.tar.gz"))
+    assert len(wheels) == 1 and len(sdists) == 1, sorted(p.name for p in tmp_path.iterdir())
+    proc = _run([sys.executable, "-m", "twine", "check", "--strict", str(wheels[0]), str(sdists[0])], tmp_path, 60)
+    assert proc.stdout.count("PASSED") == 2, proc.stdout
+
+    import celery_delayed
+
+    assert wheels[0].name.startswith(f"celery_delayed-{celery_delayed.__version__}-")
+    names = zipfile.ZipFile(wheels[0]).namelist()
+    assert "celery_delayed/py.typed" in names
+    assert "celery_delayed/lua/release_due.lua" in names
+    assert "celery_delayed/web/static/app.css" in names
+    assert not [n for n in names if n.startswith(("tests/", "bench/", "example_project/"))], names
+    assert any(n.endswith(".dist-info/licenses/LICENSE") or n.endswith("/LICENSE") for n in names), names
+    meta = next(n for n in names if n.endswith(".dist-info/METADATA"))
+    text = zipfile.ZipFile(wheels[0]).read(meta).decode()
+    assert "Project-URL: Documentation," in text and "Framework :: Celery" in text
