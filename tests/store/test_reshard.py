@@ -48,6 +48,11 @@ def _pending(store) -> tuple[set[str], set[str]]:
             {str(r["id"]) for r in Pending(store).page(task="e2e.mark", limit=10_000)})
 
 
+def _moving(name: str) -> str:
+    """A job id whose shard differs under 16, 64 and 5 shards: it moves in every reshard tested here."""
+    return next(f"{name}-{i}" for i in range(1000) if len({shard_for(f"{name}-{i}", n) for n in (16, 64, 5)}) == 3)
+
+
 def _fill(app: Celery) -> dict[str, object]:
     """One of each kind of key a shard keeps; returns what the checks need."""
     store = get_store(app)
@@ -58,10 +63,11 @@ def _fill(app: Celery) -> dict[str, object]:
     made["keyed"] = [apply_later(app, "e2e.mark", args=(i,), when=3600, shard_key="user-7", strict=False).id
                      for i in range(10)]
     made["idem"] = apply_later(app, "e2e.mark", when=3600, idempotency_key="order-1", strict=False).id
-    gone = apply_later(app, "e2e.mark", when=3600, task_id="cancelled-1", strict=False)
+    gone = apply_later(app, "e2e.mark", when=3600, task_id=_moving("cancelled"), strict=False)
     cancel(app, gone.id)
     made["cancelled"] = gone.id
-    dead = apply_later(app, "e2e.mark", when=0, max_lateness=1, misfire="dead", task_id="dead-1", strict=False)
+    dead = apply_later(app, "e2e.mark", when=0, max_lateness=1, misfire="dead", task_id=_moving("dead"),
+                       strict=False)
     store.release.release_due(dead.shard, now_ms=dead.due_ms + 60_000)
     assert lookup(app, dead.id).job_state == "DEAD"
     made["dead"] = dead.id
@@ -120,8 +126,13 @@ def test_reshard_moves_every_kind_of_key_to_its_new_shard(redis_url, uid, rclien
         for msg, *_rest in batch.messages:
             assert json.loads(msg)["headers"][SHARD_HEADER] == shard
     assert len(released) == len(set(released))
-    want = {*made["compact"][1:], *made["full"], *made["keyed"], made["idem"], made["debounced"]}
-    assert want <= set(released)
+    # exactly the pending jobs (the schedule's next occurrence too): not the cancelled job, not the dead letter
+    want = pending_before[0] - {made["compact"][0]}
+    assert {*made["compact"][1:], *made["full"], *made["keyed"], made["idem"], made["debounced"]} <= want
+    assert made["cancelled"] not in want and made["dead"] not in want
+    extra = set(released) - want
+    assert extra == set(), {i: store.lookup.get(i) for i in extra}
+    assert set(released) == want
 
 
 def test_a_producer_that_has_not_seen_the_reshard_is_sealed_out_and_places_anew(redis_url, uid, rclient):
