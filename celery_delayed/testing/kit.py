@@ -1,12 +1,13 @@
 """Test code that schedules delayed tasks, in milliseconds and without a worker or scheduler.
 
-:class:`DelayedTestKit` points an app's store at a Redis server (a private
-one: :class:`~celery_delayed.testing.servers.RedisServer`) under a key prefix
-of its own, gives the store a controllable clock (:class:`DelayedClock`,
-frozen at the start) that every store operation takes as "now", and runs due
-jobs in-process as a worker would::
+:class:`DelayedTestKit` keeps an app's store on a Redis server of the test's
+own (a private ``redis-server`` it starts, or a URL it is given, never the
+app's configured Redis) under a key prefix of its own, gives the store a
+controllable clock (:class:`DelayedClock`, frozen at the start) that every
+store operation takes as "now", and runs due jobs in-process as a worker
+would::
 
-    with RedisServer() as server, DelayedTestKit(app, server.url) as kit:
+    with DelayedTestKit(app) as kit:
         remind.apply_later(args=(42,), when=timedelta(hours=1))
         kit.assert_scheduled(remind, args=(42,), at=kit.clock.now() + timedelta(hours=1))
         assert kit.run_due() == []            # nothing is due yet
@@ -34,8 +35,10 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import os
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+import weakref
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
@@ -43,11 +46,12 @@ from celery import Celery
 from celery.app.trace import trace_task
 from kombu.serialization import loads
 
-from ..config import DelayedConfig, get_config, set_config
+from ..config import DelayedConfig, set_config
 from ..errors import ConfigurationError
 from ..store import Pending, Store, set_store
 from ..vocab import Field
 from ..worker.tracking import track_plain_tasks
+from .servers import RedisServer
 
 if TYPE_CHECKING:  # imported when first used: the kit needs the scheduler only for recurring schedules
     from ..schedules.keeper import Recurrer
@@ -56,6 +60,11 @@ __all__ = ["DelayedClock", "DelayedTestKit", "RanJob", "ScheduledJob"]
 
 #: The hostname the kit's in-process "worker" gives its requests.
 HOSTNAME = "celery-delayed-testkit"
+#: The environment variable naming a Redis server that tests may use (the pytest plugin reads it too).
+TEST_REDIS_ENV = "DELAYED_TEST_REDIS_URL"
+#: The app's settings that describe its own Redis deployment (Sentinels, a cluster, replicas to wait
+#: for), not the test server's: the kit leaves them out of its store's config.
+_DEPLOYMENT_SETTINGS = {"delayed_redis_options": None, "delayed_redis_cluster": "auto", "delayed_wait_replicas": 0}
 
 
 def _ms(at: datetime | float | int) -> int:
@@ -116,7 +125,8 @@ class ScheduledJob:
 
     id: str
     task: str
-    args: list[Any]
+    #: the positional arguments, a tuple (as given to ``apply_later``; the message's JSON keeps a list)
+    args: tuple[Any, ...]
     kwargs: dict[str, Any]
     due: datetime
     queue: str
@@ -134,7 +144,8 @@ class RanJob:
 
     id: str
     task: str
-    args: list[Any]
+    #: the positional arguments the task was called with, a tuple
+    args: tuple[Any, ...]
     kwargs: dict[str, Any]
     #: Celery's state of the run: SUCCESS, RETRY, FAILURE, IGNORED, REJECTED
     state: str
@@ -159,28 +170,50 @@ class DelayedTestKit:
 
     Args:
         app: the Celery app under test (its tasks, its ``delayed_*`` settings).
-        redis_url: the Redis server to keep the store on (a private test
-            server); None: the app's own ``delayed_redis_url``.
+        redis_url: a Redis server the test may use for the store (the kit
+            keeps its keys under its own prefix and deletes them on close).
+            None: ``$DELAYED_TEST_REDIS_URL`` when set, else a private
+            ``redis-server`` on a free port, started now and stopped on
+            close. Never the app's own ``delayed_redis_url`` or broker.
         key_prefix: the store's key prefix (default: a new unique one, so
             tests never see each other's jobs on one server).
         start: the clock's initial time, an aware datetime or epoch seconds
             (default: now).
 
     Raises:
-        ConfigurationError: the app's settings are wrong, or it has
-            ``delayed_database_url`` (the kit runs on Redis only).
+        ConfigurationError: the app's settings are wrong, it has
+            ``delayed_database_url`` (the kit runs on Redis only), or no
+            Redis was named and ``redis-server`` is not installed.
 
     The kit installs its store on the app (so ``apply_later``, ``cancel``,
     handles and the worker side use it) until :meth:`close`; use it as a
-    context manager.
+    context manager. The app's settings that describe its own Redis
+    deployment (``delayed_redis_options``, ``delayed_redis_cluster``,
+    ``delayed_wait_replicas``) do not apply to the test server. A server
+    takes a few tens of milliseconds to start: many tests share one (the
+    pytest fixtures do; or pass a
+    :class:`~celery_delayed.testing.servers.RedisServer`'s ``url``).
     """
 
     def __init__(self, app: Celery, redis_url: str | None = None, *, key_prefix: str | None = None,
                  start: datetime | float | None = None) -> None:
         self.app = app
-        config = _read_config(app, redis_url)
-        if config.database_url:
-            raise ConfigurationError("DelayedTestKit runs on Redis only: unset delayed_database_url in tests")
+        url = redis_url or os.environ.get(TEST_REDIS_ENV) or None
+        #: The private redis-server the kit started (None: it was given a URL).
+        self.server: RedisServer | None = None
+        self._stop_server: Callable[[], object] = lambda: None
+        if url is None:
+            self.server = _private_server()
+            # Stopped by close(), or when the kit is collected or the interpreter exits without it.
+            self._stop_server = weakref.finalize(self, _discard, self.server)
+            url = self.server.url
+        try:
+            config = _read_config(app, url)
+            if config.database_url:
+                raise ConfigurationError("DelayedTestKit runs on Redis only: unset delayed_database_url in tests")
+        except BaseException:
+            self._stop_server()
+            raise
         config = dataclasses.replace(config, key_prefix=key_prefix or f"dt{uuid.uuid4().hex[:12]}")
         self.clock = DelayedClock(start)
         self.store = Store(app, config)
@@ -196,14 +229,18 @@ class DelayedTestKit:
     # -- lifecycle -------------------------------------------------------------------
 
     def close(self) -> None:
-        """Give the app its previous store back and drop this kit's keys (idempotent)."""
+        """Give the app its previous store back and drop this kit's keys, or stop its own server (idempotent)."""
         if self._closed:
             return
         self._closed = True
         set_store(self.app, self._previous)
         set_config(self.app, self._previous_config)
-        self.store.drop_everything()
-        self.store.redis.close()
+        try:
+            if self.server is None:
+                self.store.drop_everything()
+            self.store.redis.close()
+        finally:
+            self._stop_server()  # its own server: the data goes with its folder
 
     def __enter__(self) -> DelayedTestKit:
         return self
@@ -228,7 +265,7 @@ class DelayedTestKit:
         out = []
         for row, msg in zip(rows, messages, strict=True):
             args, kwargs = _arguments(msg)[:2] if msg is not None else ([], {})
-            out.append(ScheduledJob(str(row["id"]), str(row["task"]), args, kwargs,
+            out.append(ScheduledJob(str(row["id"]), str(row["task"]), tuple(args), kwargs,
                                     datetime.fromtimestamp(int(row["due"]) / 1000, timezone.utc),
                                     str(row["queue"]), str(row[Field.STATE])))
         return out
@@ -237,7 +274,7 @@ class DelayedTestKit:
                   at: datetime | None, tolerance: timedelta) -> tuple[list[ScheduledJob], list[ScheduledJob]]:
         jobs = self.scheduled_jobs(task)
         hits = [j for j in jobs
-                if (args is None or j.args == list(args))
+                if (args is None or j.args == tuple(args))
                 and (kwargs is None or j.kwargs == dict(kwargs))
                 and (at is None or abs(j.due_ms - _ms(at)) <= tolerance.total_seconds() * 1000)]
         return hits, jobs
@@ -358,7 +395,7 @@ class DelayedTestKit:
         if state == "RETRY" and isinstance(cause, BaseException):
             exc = cause  # Celery's Retry: the exception that caused it
         rec = self.store.lookup.records(shard, [jid]).get(jid) or {}
-        return RanJob(jid, name, args, kwargs, state, retval if info is None else None,
+        return RanJob(jid, name, tuple(args), kwargs, state, retval if info is None else None,
                       exc if isinstance(exc, BaseException) else None, str(rec.get(Field.STATE, "")))
 
     # -- conveniences --------------------------------------------------------------------
@@ -371,20 +408,40 @@ class DelayedTestKit:
             return None
 
 
-def _read_config(app: Celery, redis_url: str | None) -> DelayedConfig:
-    """The app's settings, with ``delayed_redis_url`` = ``redis_url`` when given."""
-    if redis_url is None:
-        return get_config(app)
-    missing = object()
-    old = app.conf.get("delayed_redis_url", missing)
-    app.conf.delayed_redis_url = redis_url
+def _private_server() -> RedisServer:
+    """A private redis-server on a free port, started; a clear error when the binary is missing."""
     try:
+        server = RedisServer(own_session=True)  # a Ctrl-C reaches the test, which stops the server on close
+    except FileNotFoundError as exc:
+        raise ConfigurationError(
+            "DelayedTestKit needs a Redis server of its own and none was given: redis-server is not installed "
+            "(Debian/Ubuntu: apt-get install redis-server; macOS: brew install redis). Install it (the kit "
+            "then starts one on a free port), or pass redis_url= a Redis server the tests may use, or set "
+            f"{TEST_REDIS_ENV}. The kit never uses the app's own Redis unless given its URL") from exc
+    return server.start()
+
+
+def _discard(server: RedisServer) -> None:
+    """Stop a private server at once (SIGKILL: it keeps nothing, and SIGTERM waits for its next tick)."""
+    server.stop("kill")
+    server.close()
+
+
+def _read_config(app: Celery, redis_url: str) -> DelayedConfig:
+    """The app's settings, with the store on ``redis_url`` (its deployment's Redis settings left out)."""
+    missing = object()
+    overrides: dict[str, Any] = {"delayed_redis_url": redis_url, **_DEPLOYMENT_SETTINGS}
+    old = {name: app.conf.get(name, missing) for name in overrides}
+    try:
+        for name, value in overrides.items():
+            app.conf[name] = value
         return DelayedConfig.from_app(app)
     finally:
-        if old is missing:
-            app.conf.pop("delayed_redis_url", None)
-        else:
-            app.conf.delayed_redis_url = old
+        for name, value in old.items():
+            if value is missing:
+                app.conf.pop(name, None)
+            else:
+                app.conf[name] = value
 
 
 def _arguments(msg: str) -> tuple[list[Any], dict[str, Any], dict[str, Any]]:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_delayed import DelayedTask, apply_later, cancel, get_store
+from celery_delayed import ConfigurationError, DelayedTask, apply_later, cancel, get_store
 from celery_delayed.testing import DelayedClock, DelayedTestKit
 
 pytestmark = pytest.mark.timeout(60)
@@ -66,7 +66,7 @@ def test_schedule_assert_and_run_by_the_clock(kit: DelayedTestKit, kapp: Celery)
                                tolerance=timedelta(0))
     assert job.id == h.id and job.kwargs == {} and job.state == "SCHEDULED"
     kit.assert_not_scheduled("kit.charge", args=(2,))
-    with pytest.raises(AssertionError, match=r"kit.charge\(args=\[1\]"):
+    with pytest.raises(AssertionError, match=r"kit.charge\(args=\(1,\)"):
         kit.assert_scheduled("kit.charge", args=(2,))
     with pytest.raises(AssertionError, match="1 job"):
         kit.assert_not_scheduled("kit.charge")
@@ -134,7 +134,7 @@ def test_plain_tasks_and_debounce(kit: DelayedTestKit, kapp: Celery) -> None:
 def test_close_restores_the_app_and_drops_its_keys(kapp: Celery, redis_url: str) -> None:
     kapp.conf.delayed_redis_url = redis_url
     own = get_store(kapp)
-    with DelayedTestKit(kapp, key_prefix="kitclose") as kit:
+    with DelayedTestKit(kapp, redis_url, key_prefix="kitclose") as kit:  # the app's own Redis, named
         assert get_store(kapp) is kit.store and kit.store.config.key_prefix == "kitclose"
         apply_later(kapp, "kit.charge", (1,), when=60)
         assert kit.store.redis.client.keys("kitclose:*")
@@ -183,7 +183,7 @@ def test_throttle_and_debounce_follow_the_kit_clock(kit: DelayedTestKit, kapp: C
     kit.clock.advance(1)
     c = apply_later(kapp, "kit.plain", (3,), when=0, throttle_key="t", window=60)
     assert c.created and c.id != a.id
-    assert [job.args for job in kit.run_due()] == [[1], [3]]
+    assert [job.args for job in kit.run_due()] == [(1,), (3,)]
 
 
 def test_debounce_does_not_replace_a_job_waiting_for_its_retry(kit: DelayedTestKit, kapp: Celery) -> None:
@@ -214,5 +214,118 @@ def test_expired_jobs_are_not_run(kit: DelayedTestKit, kapp: Celery) -> None:
     late = apply_later(kapp, "kit.plain", (1,), when=10, expires=kit.clock.now() + timedelta(seconds=20))
     apply_later(kapp, "kit.plain", (2,), when=30)
     kit.clock.advance(30)  # past the first one's expiry
-    assert [job.args for job in kit.run_due()] == [[2]]
+    assert [job.args for job in kit.run_due()] == [(2,)]
     assert kit.job_state(late.id) == "EXPIRED"
+
+
+# -- which Redis the kit uses -----------------------------------------------------------------
+
+
+def _nightly_app(broker: str, uid: str) -> Celery:
+    """The README's "Testing a schedule" app: its broker (and so its default store) is a Redis of its own."""
+    from celery.schedules import crontab
+
+    app = Celery("kitnightly", broker=broker, set_as_current=False)
+    app.conf.delayed_key_prefix = f"t{uid}"
+
+    @app.task(name="kit.nightly", shared=False)
+    def nightly() -> str:
+        return "report"
+
+    app.conf.delayed_schedule = {"nightly": {"task": "kit.nightly", "schedule": crontab(minute=30, hour=2),
+                                             "timezone": "Europe/Berlin"}}
+    return app
+
+
+def _answers(url: str) -> bool:
+    import redis
+
+    client = redis.Redis.from_url(url, socket_connect_timeout=0.5)
+    try:
+        return bool(client.ping())
+    except redis.ConnectionError:
+        return False
+    finally:
+        client.close()
+
+
+def _redis_children() -> set[int]:
+    """The redis-server processes this test process started (Linux: read /proc)."""
+    out = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            pid, rest = stat.read_text().split(" (", 1)
+            name, fields = rest.rsplit(") ", 1)
+        except (OSError, ValueError):
+            continue
+        if name == "redis-server" and int(fields.split()[1]) == os.getpid():
+            out.add(int(pid))
+    return out
+
+
+@pytest.mark.parametrize("apps_redis", ["up", "down"])
+def test_with_no_url_the_kit_runs_its_own_redis_never_the_apps(apps_redis: str, redis_url: str, rclient: Any,
+                                                               uid: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``DelayedTestKit(app, start=...)``, as the README's "Testing a schedule" writes it: a private
+    redis-server for the kit's store, stopped when the kit closes; the app's own Redis is never touched."""
+    from celery_delayed.testing import free_port
+
+    monkeypatch.delenv("DELAYED_TEST_REDIS_URL", raising=False)
+    apps = redis_url if apps_redis == "up" else f"redis://127.0.0.1:{free_port()}/0"
+    app = _nightly_app(apps, uid)
+    before, servers = rclient.dbsize(), _redis_children()
+    with DelayedTestKit(app, start=datetime(2026, 3, 28, 23, 0, tzinfo=timezone.utc)) as kit:
+        assert kit.run_due() == []
+        kit.clock.advance(hours=2)  # 29 March, 03:00 in Berlin: 02:30 did not exist
+        [run] = kit.run_due()
+        assert (run.task, run.result, run.job_state) == ("kit.nightly", "report", "SUCCEEDED")
+        own = kit.store.url
+        assert own != apps and _answers(own)
+        assert rclient.dbsize() == before  # nothing was written to the app's Redis
+    assert not _answers(own)  # the kit's server stopped with it
+    assert get_store(app).url == apps  # and the app has its own store back
+    app.conf.delayed_database_url = "sqlite://"
+    with pytest.raises(ConfigurationError, match="Redis only"):
+        DelayedTestKit(app)
+    assert _redis_children() == servers  # a kit that failed to start stopped its server too
+
+
+def test_with_no_url_and_no_redis_server_the_kit_says_what_to_do(kapp: Celery, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DELAYED_TEST_REDIS_URL", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no redis-server on it
+    with pytest.raises(ConfigurationError, match=r"redis-server is not installed.*redis_url=.*DELAYED_TEST_REDIS_URL"):
+        DelayedTestKit(kapp)
+
+
+def test_the_kit_takes_delayed_test_redis_url_and_an_explicit_url(kapp: Celery, redis_url: str, rclient: Any,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DELAYED_TEST_REDIS_URL", redis_url)
+    with DelayedTestKit(kapp, key_prefix="kitenv") as kit:
+        assert kit.store.url == redis_url
+        apply_later(kapp, "kit.plain", (1,), when=60)
+        assert rclient.keys("kitenv:*")
+    assert not rclient.keys("kitenv:*")  # its keys deleted, the server (not the kit's) left running
+    assert _answers(redis_url)
+
+
+def test_the_apps_production_connection_settings_do_not_follow_the_kit(kapp: Celery, redis_url: str) -> None:
+    """Sentinels, their options and replica acknowledgements describe the app's Redis, not the test server."""
+    kapp.conf.delayed_redis_url = "sentinel://127.0.0.1:1;sentinel://127.0.0.1:2"
+    kapp.conf.delayed_redis_options = {"master_name": "prod"}
+    kapp.conf.delayed_wait_replicas = 1
+    with DelayedTestKit(kapp, redis_url) as kit:
+        h = apply_later(kapp, "kit.plain", (4,), when=5)
+        kit.clock.advance(5)
+        [ran] = kit.run_due()
+        assert (ran.id, ran.result, ran.job_state) == (h.id, 4, "SUCCEEDED")
+
+
+def test_scheduled_jobs_give_the_arguments_as_passed(kit: DelayedTestKit, kapp: Celery) -> None:
+    apply_later(kapp, "kit.charge", (10,), {"declines": 0}, when=60)
+    [job] = kit.scheduled_jobs()
+    assert job.args == (10,) and job.kwargs == {"declines": 0}
+    assert kit.assert_scheduled("kit.charge", args=[10]) == job  # a list, as given, still matches
+    kit.clock.advance(60)
+    [ran] = kit.run_due()
+    assert ran.args == (10,)
