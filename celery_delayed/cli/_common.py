@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -63,6 +63,12 @@ def show_record(rec: dict[str, str]) -> str:
         if shown.get(key):
             shown[key] = f"{shown[key]} ({fmt_ms(shown[key])})"
     return json.dumps(shown, indent=2, sort_keys=True, ensure_ascii=False)
+
+
+def labelled(rows: Sequence[tuple[str, str]]) -> str:
+    """(label, text) rows as aligned lines ("label    text"); a text's later lines indented under the first."""
+    width = max((len(label) for label, _ in rows), default=0) + 2
+    return "\n".join(f"{label:<{width}}" + str(text).replace("\n", "\n" + " " * width) for label, text in rows)
 
 
 def json_line(row: Any) -> str:
