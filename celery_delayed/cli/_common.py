@@ -10,9 +10,11 @@ from typing import Any, TypeVar
 import click
 from celery import Celery
 
+from .. import describe
 from ..errors import DelayedError
+from ..store import Store
 from ..timeutil import from_ms
-from ..vocab import TIME_FIELDS
+from ..vocab import TIME_FIELDS, Field
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -69,6 +71,19 @@ def labelled(rows: Sequence[tuple[str, str]]) -> str:
     """(label, text) rows as aligned lines ("label    text"); a text's later lines indented under the first."""
     width = max((len(label) for label, _ in rows), default=0) + 2
     return "\n".join(f"{label:<{width}}" + str(text).replace("\n", "\n" + " " * width) for label, text in rows)
+
+
+def job_text(store: Store, rec: dict[str, str]) -> str:
+    """A job as ``delayed show`` prints it: the summary in words (the dashboard's labels), the rest of the
+    record labelled, then the traceback."""
+    message = store.lookup.message(rec["id"], int(rec["shard"]))
+    out = [labelled(describe.summary(rec, message, store.redis.now_ms()))]
+    rest = describe.details(rec)
+    if rest:
+        out += ["", labelled([(label, text) for _, label, text in rest])]
+    if rec.get(Field.TRACEBACK):
+        out += ["", f"{describe.label(Field.TRACEBACK)}:", rec[Field.TRACEBACK].rstrip()]
+    return "\n".join(out)
 
 
 def json_line(row: Any) -> str:

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import click
 
-from .. import describe
 from ..cancellation import cancel_job
 from ..controls import cancel_matching
 from ..store import Pending, get_store
-from ..vocab import Field
-from ._common import app_of, delayed, errors, fmt_ms, json_line, labelled, paged, show_record
+from ._common import app_of, delayed, errors, fmt_ms, job_text, json_line, paged, show_record
 
 
 @delayed.command(name="list")
@@ -43,15 +41,8 @@ def show(ctx: click.Context, job_id: str, as_json: bool) -> None:
         if as_json:
             click.echo(show_record(rec))
             return
-        message = store.lookup.message(rec["id"], int(rec["shard"]))
-        now_ms = store.redis.now_ms()
-    click.echo(labelled(describe.summary(rec, message, now_ms)))
-    rest = describe.details(rec)
-    if rest:
-        click.echo("")
-        click.echo(labelled([(lab, text) for _, lab, text in rest]))
-    if rec.get(Field.TRACEBACK):
-        click.echo(f"\n{describe.label(Field.TRACEBACK)}:\n{rec[Field.TRACEBACK].rstrip()}")
+        text = job_text(store, rec)
+    click.echo(text)
 
 
 @delayed.command()

@@ -259,6 +259,23 @@ def test_dlq_requeue_all_with_and_without_task(cli_app):
         assert res.exit_code == 2, (args, res.output)
 
 
+def test_dlq_show_speaks_words_and_json_keeps_the_record(cli_app):
+    (jid, *_) = _letters(cli_app, 1)
+    store = get_store(cli_app)
+    store.redis.client.hset(store.keys.shard(store.layout.shard_of(jid)).job(jid), "tb", "Traceback (most recent)")
+    res = invoke(cli_app, "dlq", "show", jid)
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.splitlines()
+    assert lines[0].split() == ["job", "id", jid] and lines[1].split() == ["state", "DEAD"]
+    assert any(re.fullmatch(r"attempts +3 made", line) for line in lines)
+    assert any(re.fullmatch(r"error +app\.Boom: boom 0", line) for line in lines)
+    assert lines[-2:] == ["traceback:", "Traceback (most recent)"]
+    res = invoke(cli_app, "dlq", "show", jid, "--json")
+    rec = json.loads(res.stdout[: res.stdout.rindex("}") + 1])
+    assert rec["etype"] == "app.Boom" and rec["st"] == "DEAD"
+    assert res.stdout.rstrip().endswith("Traceback (most recent)")
+
+
 def test_dlq_purge_asks_first_without_yes(cli_app):
     _letters(cli_app, 4)
     res = CliRunner().invoke(delayed, ["dlq", "purge"], obj=_ctx(cli_app), input="n\n")
