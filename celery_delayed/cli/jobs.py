@@ -7,7 +7,7 @@ import click
 from ..cancellation import cancel_job
 from ..controls import cancel_matching
 from ..store import Pending, get_store
-from ._common import app_of, delayed, errors, fmt_ms, json_line, paged, show_record
+from ._common import app_of, delayed, errors, fmt_ms, job_text, json_line, paged, show_record
 
 
 @delayed.command(name="list")
@@ -30,12 +30,19 @@ def list_(ctx: click.Context, task: str | None, offset: int, limit: int, as_json
 
 @delayed.command()
 @click.argument("job_id")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the record as Redis keeps it (short field names), as JSON.")
 @click.pass_context
-def show(ctx: click.Context, job_id: str) -> None:
-    """Show one job's record."""
+def show(ctx: click.Context, job_id: str, as_json: bool) -> None:
+    """Show one job: task, arguments, queue, due, state, attempts, then the rest of its record."""
     with errors():
-        rec = get_store(app_of(ctx)).lookup.get(job_id)
-    click.echo(show_record(rec))
+        store = get_store(app_of(ctx))
+        rec = store.lookup.get(job_id)
+        if as_json:
+            click.echo(show_record(rec))
+            return
+        text = job_text(store, rec)
+    click.echo(text)
 
 
 @delayed.command()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import click
 
 from .. import dlq as _dlq
-from ..cli._common import app_of, delayed, errors, fmt_ms, json_line, paged, show_record
+from ..cli._common import app_of, delayed, errors, fmt_ms, job_text, json_line, paged, show_record
 from ..store import get_store
 
 
@@ -40,11 +40,18 @@ def list_(ctx: click.Context, task: str | None, offset: int, limit: int, as_json
 
 @dlq.command()
 @click.argument("job_id")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the record as Redis keeps it (short field names), as JSON, then the traceback.")
 @click.pass_context
-def show(ctx: click.Context, job_id: str) -> None:
+def show(ctx: click.Context, job_id: str, as_json: bool) -> None:
     """Show one dead letter: arguments, exception, traceback, attempts, times."""
     with errors():
-        rec = _dlq.show(get_store(app_of(ctx)), job_id)
+        store = get_store(app_of(ctx))
+        rec = _dlq.show(store, job_id)
+        text = None if as_json else job_text(store, rec)
+    if text is not None:
+        click.echo(text)
+        return
     tb = rec.pop("tb", "")
     click.echo(show_record(rec))
     if tb:

@@ -224,3 +224,25 @@ class Outcome:
     def ok(self) -> bool:
         """The script did what was asked."""
         return self.code == Reply.OK
+
+
+def arguments_of(fields: Mapping[str, str], message: str | None = None) -> tuple[str, str]:
+    """A job's arguments as Celery's ``argsrepr`` and ``kwargsrepr``: what the app chose to show.
+
+    ``apply_later(argsrepr=..., kwargsrepr=...)`` redacts them, so this never
+    reads the message body. From the message's headers when there is one; a
+    compact record's own ``a``/``k`` fields; a dead letter's ``args``/``kwargs``
+    (saferepr). ``("", "")`` when the record keeps none of these.
+    """
+    if message:
+        try:
+            headers = json.loads(message).get("headers") or {}
+            return str(headers.get("argsrepr") or ""), str(headers.get("kwargsrepr") or "")
+        except (ValueError, AttributeError):
+            return "", ""
+    if fields.get(Field.C_ARGSREPR) is not None:
+        try:
+            return str(json.loads(fields[Field.C_ARGSREPR])), str(json.loads(fields.get(Field.C_KWARGSREPR) or '"{}"'))
+        except ValueError:
+            return "", ""
+    return fields.get(Field.ARGS) or "", fields.get(Field.KWARGS) or ""

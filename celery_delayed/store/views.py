@@ -15,10 +15,12 @@ from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import InvalidOption
 from ..vocab import ETA_FALLBACK_LAST, ETA_FALLBACKS, Field, JobState
 from .client import translate_errors
 from .gateway import Store
 from .paging import PAGE, check_page
+from .records import arguments_of
 
 
 def _due_keys(store: Store, shard: int) -> list[str]:
@@ -98,6 +100,11 @@ def _eta_fallbacks(store: Store) -> EtaFallbacks:
         return EtaFallbacks(total)
     at, task, reason = [*last.split("|", 2), "", ""][:3]
     return EtaFallbacks(total, int(at), task, reason)
+
+
+#: In a set of the cursor's shard that does not hold the cursor's job, :meth:`Pending.window` reads past
+#: at most this many jobs due at the cursor's millisecond (beyond, it starts at the next millisecond).
+SAME_DUE_CAP = 10_000
 
 
 @translate_errors
@@ -204,19 +211,8 @@ class Pending:
                 yield (int(due), shard, str(jid))
             start += len(page)
 
-    def window(self, after: tuple[int, str, str] | None = None, limit: int = 50, task: str | None = None,
-               queue: str | None = None) -> tuple[list[dict[str, Any]], tuple[int, str, str] | None]:
-        """One page of scheduled jobs in due order, after a cursor; return the rows and the next cursor.
-
-        ``after``: the cursor of the previous page, (due ms, set key, id):
-        jobs are ordered by due time, then by the sorted set holding them,
-        then by id. A task and/or queue reads the pending index; otherwise
-        the due sets (and the jobs a pause holds). Each page costs three
-        pipelined round trips of at most ``limit`` entries per set, however
-        deep it is: no page scans the store. Rows as :meth:`page`, with
-        ``ik`` (the idempotency key) and ``created``.
-        """
-        check_page(0, limit)
+    def _window_keys(self, task: str | None, queue: str | None) -> list[tuple[int, str]]:
+        """(shard, sorted set) of every set a window reads: the due sets and held jobs, or the pending index."""
         store = self.store
         keys: list[tuple[int, str]] = []
         for s in store.layout.shard_range():
@@ -225,32 +221,90 @@ class Pending:
                 keys += [(s, shard_keys.index(p)) for p in store.jobs.index_parts(s, task, queue)]
             else:
                 keys += [(s, k) for k in _due_keys(store, s)] + [(s, shard_keys.held)]
-        rank: int | None = None
-        if after is not None:
-            found: Any = store.redis.client.zrank(after[1], after[2])
-            rank = None if found is None else int(found)
-        pipe = store.redis.client.pipeline(transaction=False)
+        return keys
+
+    def count(self, task: str | None = None, queue: str | None = None) -> int:
+        """How many jobs :meth:`window` pages through (of a task and/or queue, if given); two round trips."""
+        keys = self._window_keys(task, queue)
+        pipe = self.store.redis.client.pipeline(transaction=False)
         for _, k in keys:
+            pipe.zcard(k)
+        return sum(int(n) for n in pipe.execute())
+
+    def window(self, after: tuple[int, int, str] | None = None, limit: int = 50, task: str | None = None,
+               queue: str | None = None) -> tuple[list[dict[str, Any]], tuple[int, int, str] | None]:
+        """One page of scheduled jobs in due order, after a cursor; return the rows and the next cursor.
+
+        Jobs are ordered by due time, then shard, then id. ``after`` is the
+        cursor of the previous page: (due ms, shard, id) of its last job. It
+        names no Redis key (a cursor comes from a URL): the cursor's job is
+        looked up, as a member, in its shard's own sets, and where it has
+        left them the page starts just past its place all the same. A task
+        and/or queue reads the pending index; otherwise the due sets (and the
+        jobs a pause holds). Each page costs three or four pipelined round
+        trips of at most ``limit`` entries per set (plus, in a set of the
+        cursor's shard that does not hold the cursor's job, the jobs due at
+        the cursor's very millisecond, up to :data:`SAME_DUE_CAP`): no page
+        scans the store. Rows as :meth:`page`, with ``ik`` (the idempotency
+        key), ``created``, and ``args`` / ``kwargs`` (the arguments as the app
+        shows them, :func:`~.records.arguments_of`).
+
+        Raises:
+            InvalidOption: a cursor whose shard is not one of the store's.
+        """
+        check_page(0, limit)
+        store = self.store
+        keys = self._window_keys(task, queue)
+        ranks: dict[str, int] = {}  # a set of the cursor's shard that holds the cursor's job: the job's rank
+        same: dict[str, int] = {}  # one that does not: how many of its jobs are due at the cursor's millisecond
+        if after is not None:
+            due, shard, jid = after
+            if shard not in store.layout.shard_range():
+                raise InvalidOption(f"the cursor names shard {shard}; the store has shards 0 to "
+                                    f"{store.layout.shards - 1}")
+            mine = [k for s, k in keys if s == shard]
+            pipe = store.redis.client.pipeline(transaction=False)
+            for k in mine:
+                pipe.zscore(k, jid)
+                pipe.zrank(k, jid)
+                pipe.zcount(k, due, due)
+            replies = pipe.execute()
+            for i, k in enumerate(mine):
+                score, rank, n = replies[3 * i: 3 * i + 3]
+                if score is not None and rank is not None and int(score) == due:
+                    ranks[k] = int(rank)
+                else:
+                    same[k] = int(n)
+        pipe = store.redis.client.pipeline(transaction=False)
+        for s, k in keys:
             if after is None:
                 pipe.zrange(k, 0, limit - 1, withscores=True)
-            elif k == after[1] and rank is not None:
-                pipe.zrange(k, rank + 1, rank + limit, withscores=True)
-            else:  # a set before the cursor's (or the cursor's job has left it): strictly later due times
-                lo = f"({after[0]}" if k <= after[1] else after[0]
-                pipe.zrangebyscore(k, lo, "+inf", start=0, num=limit, withscores=True)
-        entries: list[tuple[int, str, str, int]] = []
+            elif k in ranks:
+                pipe.zrange(k, ranks[k] + 1, ranks[k] + limit, withscores=True)
+            elif s < after[1] or (s == after[1] and same[k] > SAME_DUE_CAP):  # strictly later due times
+                pipe.zrangebyscore(k, f"({after[0]}", "+inf", start=0, num=limit, withscores=True)
+            else:  # later shards from the cursor's due time; in its own shard, those past its id are kept below
+                pipe.zrangebyscore(k, after[0], "+inf", start=0, num=limit + same.get(k, 0), withscores=True)
+        entries: list[tuple[int, int, str]] = []
         for (s, k), page in zip(keys, pipe.execute(), strict=True):
-            entries += [(int(due), k, str(jid), s) for jid, due in page]
+            got = [(int(due), s, str(jid)) for jid, due in page]
+            if after is not None and k in same:
+                got = [e for e in got if e > after]
+            entries += got
         entries.sort()
         entries = entries[:limit]
         pipe = store.redis.client.pipeline(transaction=False)
-        for _, _, jid, s in entries:
+        for _, s, jid in entries:
             pipe.hmget(store.keys.shard(s).job(jid), Field.TASK, Field.QUEUE, Field.STATE, Field.IDEMPOTENCY_KEY,
-                       Field.CREATED, Field.TEMPLATE)
+                       Field.CREATED, Field.TEMPLATE, Field.MESSAGE, Field.C_ARGSREPR, Field.C_KWARGSREPR)
         rows = []
-        for (due, _, jid, s), (tname, q, st, ik, created, tp) in zip(entries, pipe.execute(), strict=True):
+        for (due, s, jid), got in zip(entries, pipe.execute(), strict=True):
+            tname, q, st, ik, created, tp, msg, a, k = got
             tname, q = store.lookup.route_of(s, tname, q, tp)
+            compact_args = {f: v for f, v in ((Field.C_ARGSREPR, a), (Field.C_KWARGSREPR, k)) if v is not None}
+            args, kwargs = arguments_of(compact_args, msg)
             rows.append({"id": jid, "shard": s, "due": due, "task": tname or "", "queue": q or "",
-                         Field.STATE: st or "", "ik": ik or "", "created": int(float(created)) if created else None})
-        nxt = (entries[-1][0], entries[-1][1], entries[-1][2]) if len(entries) == limit else None
+                         Field.STATE: st or "", "ik": ik or "", "created": int(float(created)) if created else None,
+                         "args": args, "kwargs": kwargs})
+        nxt = entries[-1] if len(entries) == limit else None
         return rows, nxt

@@ -10,6 +10,6 @@ in the package (no CDN). See :mod:`.server` for authentication and CSRF.
 
 from __future__ import annotations
 
-from .server import Auth, DashboardServer, is_loopback, make_server, new_token, serve_in_thread
+from .server import MIN_TOKEN_LENGTH, Auth, DashboardServer, is_loopback, make_server, new_token, serve_in_thread
 
-__all__ = ["Auth", "DashboardServer", "is_loopback", "make_server", "new_token", "serve_in_thread"]
+__all__ = ["MIN_TOKEN_LENGTH", "Auth", "DashboardServer", "is_loopback", "make_server", "new_token", "serve_in_thread"]

@@ -8,44 +8,20 @@ the actions of :mod:`.server`, each with the CSRF token.
 from __future__ import annotations
 
 import html
-import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 from urllib.parse import quote, urlencode
 
+from .. import describe
+from ..describe import ago, when
 from ..store.dead_letters import DeadLetter
 from ..store.stats import LATENESS_BOUNDS_MS, Histogram, Snapshot
-from ..timeutil import from_ms
-from ..vocab import TIME_FIELDS, Field, JobState
+from ..vocab import Field, JobState
 
 
 def e(value: Any) -> str:
     """HTML-escaped text of any value."""
     return html.escape("" if value is None else str(value), quote=True)
-
-
-def when(ms: Any) -> str:
-    """An epoch-ms time as a short UTC date, or '-'."""
-    if ms in (None, "", -1):
-        return "-"
-    return from_ms(int(float(ms))).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
-
-
-def ago(ms: int, now_ms: int) -> str:
-    """How far ``ms`` is from now, in words ("in 5m 3s", "12s ago")."""
-    d = (ms - now_ms) / 1000.0
-    a = abs(d)
-    if a < 1:
-        text = f"{a * 1000:.0f}ms"
-    elif a < 120:
-        text = f"{a:.0f}s"
-    elif a < 7200:
-        text = f"{a // 60:.0f}m {a % 60:.0f}s"
-    elif a < 172_800:
-        text = f"{a // 3600:.0f}h {a % 3600 // 60:.0f}m"
-    else:
-        text = f"{a // 86400:.0f}d {a % 86400 // 3600:.0f}h"
-    return f"in {text}" if d >= 0 else f"{text} ago"
 
 
 def secs(x: float | None) -> str:
@@ -174,9 +150,18 @@ def overview(snap: Snapshot, due: list[int], due_labels: list[str], span: str, c
     return "".join(out)
 
 
-def pending(rows: list[dict[str, Any]], now_ms: int, task: str | None, queue: str | None, next_link: str | None,
-            first_link: str | None, note: str = "") -> str:
-    """One page of pending jobs in due order."""
+def _clip(text: str, n: int = 90) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def call_args(args: str, kwargs: str) -> str:
+    """argsrepr and kwargsrepr as one line ("(1, 'x') {'k': 2}"; empty kwargs left out)."""
+    return " ".join(x for x in (args, "" if kwargs in ("", "{}") else kwargs) if x)
+
+
+def pending(rows: list[dict[str, Any]], total: int, now_ms: int, task: str | None, queue: str | None,
+            next_link: str | None, first_link: str | None, note: str = "") -> str:
+    """One page of pending jobs in due order, with how many match in all."""
     filt = " ".join(x for x in (f"task {e(task)}" if task else "", f"queue {e(queue)}" if queue else "") if x)
     head = (f'<form class="actions" method="get" action="/jobs">'
             f'<input type="text" name="task" placeholder="task name" value="{e(task or "")}">'
@@ -185,28 +170,22 @@ def pending(rows: list[dict[str, Any]], now_ms: int, task: str | None, queue: st
             + (f'<a href="/jobs">clear ({filt})</a>' if filt else "") + "</form>")
     if note:
         head += f'<p class="flash error">{e(note)}</p>'
-    trs = "".join(
-        f'<tr><td class=mono><a href="{e(jpath(r["id"]))}">{e(r["id"])}</a></td><td class=mono>{e(when(r["due"]))}'
-        f'</td><td>{e(ago(r["due"], now_ms))}</td><td>{e(r["task"])}</td><td>{e(r["queue"])}</td>'
-        f'<td>{state(r[Field.STATE])}</td><td class=mono>{e(r["ik"])}</td><td class=num>{r["shard"]}</td></tr>'
-        for r in rows)
+    head += (f'<p class="muted" id="pending-total"><b>{total}</b> pending job{"" if total == 1 else "s"}'
+             + (f" ({filt})" if filt else "") + ", earliest due first"
+             + (f"; {len(rows)} on this page" if total > len(rows) else "") + "</p>")
+    trs = []
+    for r in rows:
+        shown = call_args(r.get("args", ""), r.get("kwargs", ""))
+        trs.append(
+            f'<tr><td class="mono id"><a href="{e(jpath(r["id"]))}">{e(r["id"])}</a></td>'
+            f'<td class="mono nowrap">{e(when(r["due"]))}<div class=muted>{e(ago(r["due"], now_ms))}</div></td>'
+            f'<td>{e(r["task"])}</td><td class="mono args" title="{e(shown)}">{e(_clip(shown)) or "-"}</td>'
+            f'<td>{e(r["queue"])}</td><td>{state(r[Field.STATE])}</td><td class=mono>{e(r["ik"])}</td></tr>')
     pager = '<div class="pager">' + (f'<a href="{e(first_link)}">first page</a>' if first_link else "") \
         + (f'<a id="next-page" href="{e(next_link)}">next page</a>' if next_link else "") + "</div>"
-    return (head + '<table id="pending"><tr><th>job id</th><th>due (UTC)</th><th></th><th>task</th><th>queue</th>'
-            f'<th>state</th><th>idempotency key</th><th class=num>shard</th></tr>{trs}</table>'
+    return (head + '<table id="pending"><tr><th>job id</th><th>due (UTC)</th><th>task</th><th>arguments</th>'
+            f'<th>queue</th><th>state</th><th>idempotency key</th></tr>{"".join(trs)}</table>'
             + ("" if rows else '<p class="muted">No pending job.</p>') + pager)
-
-
-def _args(rec: dict[str, str], message: str | None) -> tuple[str, str]:
-    """The job's arguments as Celery's argsrepr / kwargsrepr (what the app chose to show: apply_later's
-    ``argsrepr=`` / ``kwargsrepr=`` redact them), never the message body itself."""
-    if message:
-        try:
-            headers = json.loads(message).get("headers") or {}
-            return str(headers.get("argsrepr", "")), str(headers.get("kwargsrepr", ""))
-        except (ValueError, AttributeError):
-            return "", ""
-    return rec.get(Field.ARGS, ""), rec.get(Field.KWARGS, "")
 
 
 _HISTORY = (
@@ -218,12 +197,10 @@ _HISTORY = (
 
 
 def job(rec: dict[str, str], message: str | None, now_ms: int, csrf: str, read_only: bool) -> str:
-    """One job: actions, arguments, history, the record."""
+    """One job: what an operator reads (labels in words), actions, history, error; the raw record folded."""
     jid, st = rec["id"], rec.get(Field.STATE, "")
     due = int(float(rec.get(Field.DUE, 0) or 0))
-    out = [f'<p><span id="job-state" class="state {e(st)}">{e(st)}</span> · task <b>{e(rec.get(Field.TASK))}'
-           f'</b> · queue {e(rec.get(Field.QUEUE))} · due {e(when(due))} ({e(ago(due, now_ms))}) · shard '
-           f'{e(rec.get("shard"))}</p>']
+    out = []
     if not read_only:
         acts = []
         if st in (JobState.SCHEDULED, JobState.CLAIMED, JobState.QUEUED):
@@ -232,34 +209,35 @@ def job(rec: dict[str, str], message: str | None, now_ms: int, csrf: str, read_o
             acts.append(form(jpath(jid, "promote"), csrf, "Run now", cls="primary", ident="run-now"))
             acts.append(form(jpath(jid, "reschedule"), csrf, "Reschedule", ident="reschedule",
                              fields='<input type="text" id="reschedule-when" name="when" '
-                                    'placeholder="seconds from now, or ISO date" size="24">'))
+                                    'placeholder="seconds from now, or ISO date" size="26" required>'))
         if st == JobState.DEAD:
             acts.append(form(f"/dlq/{quote(jid, safe='')}/requeue", csrf, "Requeue", cls="primary", ident="requeue"))
-        out.append('<div class="actions">' + "".join(acts) + "</div>")
-    args, kwargs = _args(rec, message)
-    out.append(f'<h2>Arguments</h2><dl class="kv" id="arguments"><dt>args</dt><dd class=mono>{e(args) or "-"}</dd>'
-               f'<dt>kwargs</dt><dd class=mono>{e(kwargs) or "-"}</dd></dl>')
-    events = sorted((int(float(rec[f])), label) for f, label in _HISTORY if rec.get(f))
+        if acts:
+            out.append('<div class="actions">' + "".join(acts) + "</div>")
+    items = []
+    for lab, text in describe.summary(rec, message, now_ms):
+        if lab == describe.LABELS[Field.STATE]:
+            value = f'<span id="job-state" class="state {e(st)}">{e(st)}</span>'
+        else:
+            value = e(text)
+        items.append(f"<dt>{e(lab)}</dt><dd class=mono>{value}</dd>")
+    out.append('<dl class="kv panel" id="summary">' + "".join(items) + "</dl>")
+    events = sorted((int(float(rec[f])), what) for f, what in _HISTORY if rec.get(f))
     if st == JobState.SCHEDULED and due:
         events.append((due, "due (the scheduler releases it then)"))
-    if rec.get(Field.ERROR_TYPE) or rec.get(Field.REASON):
-        err = f"{rec.get(Field.ERROR_TYPE, '')}: {rec.get(Field.ERROR_MESSAGE, '')}" if rec.get(Field.ERROR_TYPE) \
-            else rec.get(Field.REASON, "")
-        events.append((int(float(rec.get(Field.DIED) or rec.get(Field.FINISHED) or now_ms)), f"error: {err}"))
+    if describe.error(rec):
+        events.append((int(float(rec.get(Field.DIED) or rec.get(Field.FINISHED) or now_ms)),
+                       f"error: {describe.error(rec)}"))
     out.append('<h2>History</h2><table id="history"><tr><th>when (UTC)</th><th>what</th></tr>'
-               + "".join(f"<tr><td class=mono>{e(when(t))}</td><td>{e(what)}</td></tr>" for t, what in events)
+               + "".join(f"<tr><td class=\"mono nowrap\">{e(when(t))}</td><td>{e(what)}</td></tr>"
+                         for t, what in events)
                + "</table>")
     if rec.get(Field.TRACEBACK):
-        out.append(f"<h2>Traceback</h2><pre>{e(rec[Field.TRACEBACK])}</pre>")
-    hidden_fields = {Field.TRACEBACK, Field.ARGS, Field.KWARGS}
-    items = []
-    for k in sorted(rec):
-        if k in hidden_fields:
-            continue
-        v = rec[k]
-        shown = f"{v} ({when(v)})" if k in TIME_FIELDS and v else v
-        items.append(f"<dt>{e(k)}</dt><dd class=mono>{e(shown)}</dd>")
-    out.append('<h2>Record</h2><dl class="kv" id="record">' + "".join(items) + "</dl>")
+        out.append(f"<h2>Traceback</h2><pre id=\"traceback\">{e(rec[Field.TRACEBACK])}</pre>")
+    rows = "".join(f"<tr><td class=mono>{e(field)}</td><td>{e(lab)}</td><td class=mono>{e(value)}</td></tr>"
+                   for field, lab, value in describe.raw(rec) if field != Field.TRACEBACK)
+    out.append(f'<details id="raw-record"><summary>Raw record ({len(rec)} fields, as kept in Redis)</summary>'
+               f'<table><tr><th>field</th><th>meaning</th><th>value</th></tr>{rows}</table></details>')
     return "".join(out)
 
 
@@ -268,14 +246,17 @@ def dead_letters(letters: Iterable[DeadLetter], total: int, offset: int, limit: 
     """The dead-letter queue, most recent first, with requeue and purge."""
     letters = list(letters)
     trs = "".join(
-        f'<tr><td class=mono><a href="{e(jpath(d.id))}">{e(d.id)}</a></td><td class=mono>{e(when(d.died_ms))}</td>'
+        f'<tr><td class="mono id"><a href="{e(jpath(d.id))}">{e(d.id)}</a></td>'
+        f'<td class="mono nowrap">{e(when(d.died_ms))}</td>'
         f'<td>{e(d.task)}</td><td class=num>{d.attempts}</td><td>{e(d.error[:200])}</td><td>'
         + ("" if read_only else form(f"/dlq/{quote(d.id, safe='')}/requeue", csrf, "Requeue", ident=f"requeue-{d.id}"))
         + "</td></tr>" for d in letters)
-    purge = "" if read_only else ('<div class="actions">' + form(
+    purge = "" if read_only or not total else ('<div class="actions">' + form(
         "/dlq/purge", csrf, "Purge", cls="danger", ident="purge",
-        fields='<input type="number" name="older_than" min="0" placeholder="older than (s); empty: all">')
-        + "</div>")
+        fields='<label for="older-than">Purge dead letters older than</label> <input type="number" '
+               'id="older-than" name="older_than" min="0" step="any" placeholder="all ages" class="seconds"> '
+               '<label for="older-than">seconds</label> ')
+        + '<span class="muted">(left empty: every dead letter, after you confirm)</span></div>')
     pager = '<div class="pager">' + (f'<a href="/dlq?offset={max(0, offset - limit)}">previous</a>' if offset else "") \
         + (f'<a href="/dlq?offset={offset + limit}">next</a>' if offset + len(letters) < total else "") + "</div>"
     return (f'<p class="muted">{total} dead letter(s); showing {offset + 1 if letters else 0}-'
@@ -296,3 +277,18 @@ def recurring(rows: Sequence[Any]) -> str:
                '<code>delayed schedules add</code>).</p>'
     return ('<table id="schedules"><tr><th>name</th><th>task</th><th>schedule</th><th>zone</th>'
             f'<th>next fire (UTC)</th><th>misfire</th><th>from</th><th>last occurrences</th></tr>{trs}</table>')
+
+
+def purge_confirm(total: int, csrf: str) -> str:
+    """Asks before purging every dead letter (``delayed dlq purge`` asks too, without ``--yes``)."""
+    return (f'<div class="panel" id="purge-confirm"><p>Purge <b>every</b> dead letter ({total} now)? Their '
+            "arguments, errors and tracebacks are deleted for good; a dead letter cannot be requeued after.</p>"
+            '<div class="actions">'
+            + form("/dlq/purge", csrf, f"Purge all {total} dead letter(s)", cls="danger", ident="purge-all",
+                   fields=hidden("confirm", "all"))
+            + '<a href="/dlq" id="keep">No, keep them</a></div></div>')
+
+
+def message(text: str) -> str:
+    """A page body that only says something (a 4xx page)."""
+    return f'<p class="flash error" id="problem">{e(text)}</p><p><a href="/">Back to the overview</a></p>'

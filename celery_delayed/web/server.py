@@ -1,12 +1,16 @@
 """The dashboard's HTTP server: routes, authentication, CSRF, actions (standard library only).
 
 Bound to 127.0.0.1 by default. Without credentials it serves only on a
-loopback address (as Flower does); with ``basic`` credentials an
-unauthenticated request gets 401 with ``WWW-Authenticate: Basic``; with a
-``token``, a request must carry ``Authorization: Bearer <token>`` or the
-cookie that ``/login?token=<token>`` sets. Every action is a POST carrying
-the server's CSRF token (and, when the browser sends one, an ``Origin`` of
-this server); ``read_only`` serves no action at all.
+loopback address (as Flower does), and an empty token or password counts as
+none; off loopback a token must be at least :data:`MIN_TOKEN_LENGTH`
+characters. With ``basic`` credentials an unauthenticated request gets 401
+with ``WWW-Authenticate: Basic``; with a ``token``, a request must carry
+``Authorization: Bearer <token>`` or the cookie that ``/login?token=<token>``
+sets. Every action is a POST carrying the server's CSRF token (and, when the
+browser sends one, an ``Origin`` of this server); ``read_only`` serves no
+action at all. The outcome of an action is shown on the next page from a
+cookie the server signs (never from the URL, which anyone can write). A bad
+request gets a 4xx with a message that says what was wrong.
 """
 
 from __future__ import annotations
@@ -17,11 +21,13 @@ import hashlib
 import hmac
 import ipaddress
 import logging
+import math
 import os
 import re
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from http import HTTPStatus
@@ -34,9 +40,9 @@ from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
 
 from celery import Celery
 
-from .. import controls, dlq
+from .. import controls, describe, dlq
 from ..cancellation import cancel_job
-from ..errors import DelayedError, InvalidWhen, JobNotFound
+from ..errors import DelayedError, InvalidOption, InvalidWhen, JobNotFound, StoreUnavailable
 from ..producer.prepare import job_id_for_key
 from ..store import Pending, get_store
 from ..store.stats import FleetStats
@@ -49,6 +55,11 @@ _JOB = re.compile(r"^/jobs/([^/]+)(?:/(cancel|promote|reschedule))?$")
 _DLQ = re.compile(r"^/dlq/([^/]+)/requeue$")
 _STATIC = {"app.css": "text/css; charset=utf-8"}
 _COOKIE = "cd_token"
+_FLASH = "cd_flash"
+#: The shortest token a dashboard bound off loopback accepts (``new_token()`` makes 24 characters).
+MIN_TOKEN_LENGTH = 16
+#: The largest form body an action reads, bytes.
+_MAX_BODY = 65536
 _CSP = ("default-src 'none'; style-src 'self'; img-src 'self' data:; form-action 'self'; "
         "frame-ancestors 'none'; base-uri 'none'")
 
@@ -71,7 +82,8 @@ class Auth:
 
     @property
     def required(self) -> bool:
-        return self.user is not None or self.token is not None
+        """Whether requests must authenticate: an empty token or password counts as none."""
+        return bool(self.user and self.password) or bool(self.token)
 
 
 def is_loopback(address: str) -> bool:
@@ -92,10 +104,19 @@ class Dashboard:
         self.store = get_store(app)
         self.auth = auth or Auth()
         self.read_only = read_only
-        self.csrf = hmac.new(secrets.token_bytes(32), b"csrf", hashlib.sha256).hexdigest()[:40]
+        self.secret = secrets.token_bytes(32)
+        self.csrf = hmac.new(self.secret, b"csrf", hashlib.sha256).hexdigest()[:40]
         base = files("celery_delayed.web")
         self.layout = Template((base / "templates" / "base.html").read_text(encoding="utf-8"))
         self.static = {name: (base / "static" / name).read_bytes() for name in _STATIC}
+
+
+class BadRequest(Exception):
+    """A request the dashboard cannot act on: answered 400 (or ``status``) with this message."""
+
+    def __init__(self, message: str, status: int = HTTPStatus.BAD_REQUEST) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -130,18 +151,45 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(body)
 
     def _redirect(self, location: str, flash: str = "", error: bool = False) -> None:
+        headers = {"Location": location}
         if flash:
-            sep = "&" if "?" in location else "?"
-            location += sep + urlencode({"error" if error else "ok": flash})
-        self._send(HTTPStatus.SEE_OTHER, b"", headers={"Location": location})
+            headers["Set-Cookie"] = self._flash_cookie(flash, error)
+        self._send(HTTPStatus.SEE_OTHER, b"", headers=headers)
+
+    def _problem(self, status: int, text: str, t0: float) -> None:
+        """A 4xx (or 5xx) answer that says what was wrong: a page for a browser, a line for a script."""
+        if "text/html" in self.headers.get("Accept", ""):
+            self._page(HTTPStatus(status).phrase, pages.message(text), "", t0, status)
+        else:
+            self._send(status, (text + "\n").encode("utf-8"), "text/plain; charset=utf-8")
+
+    # -- the outcome of an action, shown once on the next page -----------------------
+
+    def _sign(self, data: str) -> str:
+        return hmac.new(self.dash.secret, data.encode("ascii"), hashlib.sha256).hexdigest()[:32]
+
+    def _flash_cookie(self, text: str, error: bool) -> str:
+        data = base64.urlsafe_b64encode((("e" if error else "o") + text[:600]).encode("utf-8")).decode().rstrip("=")
+        return f"{_FLASH}={data}.{self._sign(data)}; HttpOnly; SameSite=Strict; Path=/; Max-Age=120"
+
+    def _take_flash(self) -> tuple[str, str | None]:
+        """(the flash's HTML, the header that clears its cookie): only a cookie this server signed shows."""
+        morsel = SimpleCookie(self.headers.get("Cookie", "")).get(_FLASH)
+        if morsel is None:
+            return "", None
+        clear = f"{_FLASH}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0"
+        data, _, sig = morsel.value.partition(".")
+        if not hmac.compare_digest(sig.encode(), self._sign(data).encode()):
+            return "", clear
+        try:
+            text = base64.urlsafe_b64decode(data + "=" * (-len(data) % 4)).decode("utf-8")
+        except (binascii.Error, UnicodeDecodeError, ValueError):
+            return "", clear
+        cls = "flash error" if text[:1] == "e" else "flash"
+        return f'<p class="{cls}" id="flash">{pages.e(text[1:])}</p>', clear
 
     def _page(self, title: str, body: str, nav: str, t0: float, status: int = 200, search: str = "") -> None:
-        q = parse_qs(urlsplit(self.path).query)
-        flash = ""
-        if q.get("ok"):
-            flash = f'<p class="flash" id="flash">{pages.e(q["ok"][0])}</p>'
-        elif q.get("error"):
-            flash = f'<p class="flash error" id="flash">{pages.e(q["error"][0])}</p>'
+        flash, clear = self._take_flash()
         cfg = self.dash.store.config
         html = self.dash.layout.substitute(
             title=pages.e(title), body=body, flash=flash, search=pages.e(search),
@@ -151,9 +199,9 @@ class Handler(BaseHTTPRequestHandler):
             store=pages.e(f"prefix {cfg.key_prefix} · {self.dash.store.layout.shards} shards"),
             mode=" · read-only" if self.dash.read_only else "",
             render_ms=f"{(time.perf_counter() - t0) * 1000:.0f}",
-            now=pages.e(pages.when(self.dash.store.redis.now_ms())),
+            now=pages.e(describe.when(self.dash.store.redis.now_ms())),
         )
-        self._send(status, html.encode("utf-8"))
+        self._send(status, html.encode("utf-8"), headers={"Set-Cookie": clear} if clear else None)
 
     # -- authentication ------------------------------------------------------------
 
@@ -166,17 +214,17 @@ class Handler(BaseHTTPRequestHandler):
             if not header.startswith("Basic "):
                 return False
             try:
-                user, _, password = base64.b64decode(header[6:]).decode("utf-8").partition(":")
-            except (binascii.Error, UnicodeDecodeError):
+                user, _, password = base64.b64decode(header[6:], validate=True).decode("utf-8").partition(":")
+            except (binascii.Error, UnicodeDecodeError, ValueError):
                 return False
             return hmac.compare_digest(user.encode(), auth.user.encode()) and \
                 hmac.compare_digest(password.encode(), (auth.password or "").encode())
-        token = auth.token or ""
+        token = (auth.token or "").encode()
         if header.startswith("Bearer "):
-            return hmac.compare_digest(header[7:].encode(), token.encode())
-        cookie = SimpleCookie(self.headers.get("Cookie", ""))
-        got = cookie.get(_COOKIE)
-        return got is not None and hmac.compare_digest(got.value.encode(), token.encode())
+            given = header[7:].strip().encode()
+            return bool(given) and hmac.compare_digest(given, token)
+        got = SimpleCookie(self.headers.get("Cookie", "")).get(_COOKIE)
+        return got is not None and bool(got.value) and hmac.compare_digest(got.value.encode(), token)
 
     def _challenge(self) -> None:
         if self.dash.auth.user is not None:
@@ -189,7 +237,7 @@ class Handler(BaseHTTPRequestHandler):
     def _login(self, query: dict[str, list[str]]) -> None:
         token = self.dash.auth.token
         given = (query.get("token") or [""])[0]
-        if token is None or not hmac.compare_digest(given.encode(), token.encode()):
+        if not token or not given or not hmac.compare_digest(given.encode(), token.encode()):
             self._challenge()
             return
         cookie = f"{_COOKIE}={token}; HttpOnly; SameSite=Strict; Path=/"
@@ -213,12 +261,26 @@ class Handler(BaseHTTPRequestHandler):
         if not self._authorized():
             self._challenge()
             return
+        self._answer(lambda: self._get(path, query, t0), t0)
+
+    def _answer(self, act: Callable[[], None], t0: float) -> None:
+        """Run a route; a bad request gets its 4xx, an error of the store a page that says so, never a dropped
+        connection."""
         try:
-            self._get(path, query, t0)
+            act()
+        except BadRequest as exc:
+            self._problem(exc.status, str(exc), t0)
         except JobNotFound as exc:
-            self._page("Not found", f'<p class="flash error">{pages.e(exc)}</p>', "", t0, 404)
+            self._problem(HTTPStatus.NOT_FOUND, str(exc), t0)
+        except (InvalidOption, InvalidWhen) as exc:
+            self._problem(HTTPStatus.BAD_REQUEST, str(exc), t0)
         except DelayedError as exc:
-            self._page("Error", f'<p class="flash error">{pages.e(exc)}</p>', "", t0, 500)
+            self._problem(HTTPStatus.SERVICE_UNAVAILABLE if isinstance(exc, StoreUnavailable)
+                          else HTTPStatus.INTERNAL_SERVER_ERROR, str(exc), t0)
+        except Exception:
+            logger.exception("dashboard: %s %s failed", self.command, urlsplit(self.path).path)
+            self._send(HTTPStatus.INTERNAL_SERVER_ERROR, b"internal error: the dashboard's log has the traceback\n",
+                       "text/plain; charset=utf-8")
 
     def _get(self, path: str, query: dict[str, list[str]], t0: float) -> None:
         dash = self.dash
@@ -230,7 +292,7 @@ class Handler(BaseHTTPRequestHandler):
                 self._send(404, b"not found\n", "text/plain; charset=utf-8")
             return
         if path == "/":
-            span = "day" if (query.get("span") or [""])[0] == "day" else "hour"
+            span = "day" if _one(query, "span") == "day" else "hour"
             stats = FleetStats(dash.store)
             snap = stats.snapshot()
             step = 60_000 if span == "hour" else 1_800_000
@@ -262,7 +324,7 @@ class Handler(BaseHTTPRequestHandler):
                        "jobs", t0)
             return
         if path == "/dlq":
-            offset = _int((query.get("offset") or ["0"])[0])
+            offset = _offset(_one(query, "offset"))
             letters = dlq.list_dead(dash.store, offset=offset, limit=50)
             body = pages.dead_letters(letters, dlq.count(dash.store), offset, 50, dash.csrf, dash.read_only)
             self._page("Dead letters", body, "dlq", t0)
@@ -276,7 +338,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def _jobs(self, query: dict[str, list[str]], t0: float) -> None:
         store = self.dash.store
-        search = (query.get("q") or [""])[0].strip()
+        search = _one(query, "q").strip()
         note = ""
         if search:
             for candidate in (search, job_id_for_key(search)):
@@ -287,37 +349,59 @@ class Handler(BaseHTTPRequestHandler):
                 self._redirect("/jobs/" + quote(candidate, safe=""))
                 return
             note = f"no job with id or idempotency key {search!r}"
-        task = (query.get("task") or [""])[0] or None
-        queue = (query.get("queue") or [""])[0] or None
-        after = _cursor((query.get("after") or [""])[0])
-        rows, nxt = Pending(store).window(after, 50, task=task, queue=queue)
+        task = _one(query, "task") or None
+        queue = _one(query, "queue") or None
+        after = _cursor(_one(query, "after"))
+        pending = Pending(store)
+        rows, nxt = pending.window(after, 50, task=task, queue=queue)
         base = {k: v for k, v in (("task", task), ("queue", queue)) if v}
         next_link = "/jobs?" + urlencode({**base, "after": f"{nxt[0]}|{nxt[1]}|{nxt[2]}"}) if nxt else None
         first_link = "/jobs?" + urlencode(base) if after else None
-        body = pages.pending(rows, store.redis.now_ms(), task, queue, next_link, first_link, note)
+        body = pages.pending(rows, pending.count(task, queue), store.redis.now_ms(), task, queue, next_link,
+                             first_link, note)
         self._page("Pending jobs", body, "jobs", t0, search=search)
 
     # -- POST (actions) -------------------------------------------------------------
 
     def do_POST(self) -> None:
+        t0 = time.perf_counter()
         if not self._authorized():
             self._challenge()
             return
         if self.dash.read_only:
-            self._send(HTTPStatus.FORBIDDEN, b"read-only dashboard\n", "text/plain; charset=utf-8")
+            self._send(HTTPStatus.FORBIDDEN, b"read-only dashboard: it serves no action\n",
+                       "text/plain; charset=utf-8")
             return
-        length = _int(self.headers.get("Content-Length", "0"))
-        form = {k: v[0] for k, v in parse_qs(self.rfile.read(min(length, 65536)).decode("utf-8", "replace")).items()}
+        try:
+            length = int(self.headers.get("Content-Length") or "0")
+        except ValueError:
+            length = -1
+        if not 0 <= length <= _MAX_BODY:
+            self.close_connection = True  # the body is not kept: the connection cannot be reused
+            status = HTTPStatus.REQUEST_ENTITY_TOO_LARGE if length > _MAX_BODY else HTTPStatus.BAD_REQUEST
+            left = length if length <= 16 * _MAX_BODY else 0
+            while left > 0:  # read a large body away (up to a bound), so that the client reads the answer
+                left -= len(self.rfile.read(min(left, _MAX_BODY)) or b"x" * left)
+            self._problem(status, f"an action's form must have a Content-Length of at most {_MAX_BODY} bytes", t0)
+            return
+        form = {k: v[0] for k, v in parse_qs(self.rfile.read(length).decode("utf-8", "replace")).items()}
         if not self._same_origin() or not hmac.compare_digest(form.get("csrf", "").encode(), self.dash.csrf.encode()):
             self._send(HTTPStatus.FORBIDDEN, b"CSRF check failed: reload the page and try again\n",
                        "text/plain; charset=utf-8")
             return
         path = urlsplit(self.path).path
+        self._answer(lambda: self._act(path, form, t0), t0)
+
+    def _act(self, path: str, form: dict[str, str], t0: float) -> None:
         try:
-            self._post(path, form)
-        except DelayedError as exc:
-            back = self.headers.get("Referer") or "/"
-            self._redirect(urlsplit(back).path or "/", str(exc), error=True)
+            self._post(path, form, t0)
+        except (JobNotFound, BadRequest, InvalidOption):
+            raise
+        except DelayedError as exc:  # the job's state does not allow it, a bad date ...: back, saying why
+            if isinstance(exc, StoreUnavailable):
+                raise
+            back = urlsplit(self.headers.get("Referer") or "/").path or "/"
+            self._redirect(back if back.startswith("/") and not back.startswith("//") else "/", str(exc), error=True)
 
     def _same_origin(self) -> bool:
         if self.headers.get("Sec-Fetch-Site", "same-origin") not in ("same-origin", "none"):
@@ -327,7 +411,7 @@ class Handler(BaseHTTPRequestHandler):
             return origin is None
         return urlsplit(origin).netloc == self.headers.get("Host", "")
 
-    def _post(self, path: str, form: dict[str, str]) -> None:
+    def _post(self, path: str, form: dict[str, str], t0: float) -> None:
         dash, app = self.dash, self.dash.app
         m = _JOB.match(path)
         if m and m.group(2):
@@ -341,17 +425,21 @@ class Handler(BaseHTTPRequestHandler):
                 self._redirect(here, "due now: the scheduler releases it at once")
             else:
                 due = dash.store.jobs.reschedule(jid, _when(form.get("when", ""), app))
-                self._redirect(here, f"rescheduled to {pages.when(due)}")
+                self._redirect(here, f"rescheduled to {describe.when(due)}")
             return
         m = _DLQ.match(path)
         if m:
             jid = unquote(m.group(1))
             due = dlq.requeue(dash.store, jid)
-            self._redirect("/jobs/" + quote(jid, safe=""), f"requeued, due {pages.when(due)}")
+            self._redirect("/jobs/" + quote(jid, safe=""), f"requeued, due {describe.when(due)}")
             return
         if path == "/dlq/purge":
-            older = form.get("older_than", "").strip()
-            n = dlq.purge(dash.store, older_than=float(older) if older else None)
+            older = _seconds(form.get("older_than", ""), "older_than")
+            if older is None and form.get("confirm") != "all":  # everything: ask first, as the CLI does
+                self._page("Purge every dead letter?", pages.purge_confirm(dlq.count(dash.store), dash.csrf),
+                           "dlq", t0)
+                return
+            n = dlq.purge(dash.store, older_than=older)
             self._redirect("/dlq", f"purged {n} dead letter(s)")
             return
         if path == "/pause":
@@ -361,31 +449,56 @@ class Handler(BaseHTTPRequestHandler):
         if path == "/resume":
             flag = form.get("flag", "")
             scope, _, name = flag.partition(":")
-            if scope == "all":
+            if flag == "all":
                 moved = dash.store.jobs.resume(["all"])
+            elif scope in ("task", "queue") and name:
+                moved = controls.resume(app, **{scope: name})
             else:
-                moved = controls.resume(app, **{scope: name}) if scope in ("task", "queue") else 0
+                raise BadRequest(f"resume takes flag=all, task:<name> or queue:<name>, got {flag!r}")
             self._redirect("/", f"resumed {flag}: {moved} held job(s) released")
             return
         self._send(404, b"not found\n", "text/plain; charset=utf-8")
 
 
-def _int(text: str) -> int:
-    try:
-        return max(0, int(text))
-    except ValueError:
+def _one(query: dict[str, list[str]], name: str) -> str:
+    """A query parameter's first value, or ''."""
+    return (query.get(name) or [""])[0]
+
+
+def _offset(text: str) -> int:
+    """A page offset: '' is 0; anything but a whole number >= 0 is a bad request."""
+    if not text:
         return 0
+    if not text.isdigit():
+        raise BadRequest(f"offset must be a whole number >= 0, got {text!r}")
+    return int(text)
 
 
-def _cursor(text: str) -> tuple[int, str, str] | None:
-    due, sep, rest = text.partition("|")
-    key, sep2, jid = rest.partition("|")
-    if not sep or not sep2:
+def _seconds(text: str, name: str) -> float | None:
+    """A form's number of seconds (>= 0, finite), or None when left empty."""
+    text = text.strip()
+    if not text:
         return None
     try:
-        return int(due), key, jid
+        value = float(text)
     except ValueError:
+        value = float("nan")
+    if not math.isfinite(value) or value < 0:
+        raise BadRequest(f"{name} must be a number of seconds >= 0 (or empty), got {text!r}")
+    return value
+
+
+def _cursor(text: str) -> tuple[int, int, str] | None:
+    """The pending page's cursor ``<due ms>|<shard>|<job id>`` ('' : the first page); anything else is a bad
+    request. It names no Redis key: the store finds the job's set among the shard's own."""
+    if not text:
         return None
+    due, sep, rest = text.partition("|")
+    shard, sep2, jid = rest.partition("|")
+    if not sep or not sep2 or not jid or not due.lstrip("-").isdigit() or not shard.isdigit():
+        raise BadRequest("bad cursor: 'after' is '<due ms>|<shard>|<job id>' as the 'next page' link gives it; "
+                         "open /jobs for the first page")
+    return int(due), int(shard), jid
 
 
 def _when(text: str, app: Celery) -> str:
@@ -416,12 +529,22 @@ def make_server(app: Celery, address: str = "127.0.0.1", port: int = 5566, auth:
     """Bind the dashboard (``serve_forever()`` runs it).
 
     Raises:
-        PermissionError: a non-loopback address without credentials.
+        PermissionError: a non-loopback address without credentials (an empty token or password counts
+            as none), or with a token shorter than :data:`MIN_TOKEN_LENGTH` characters.
     """
     auth = auth or Auth()
-    if not auth.required and not is_loopback(address):
-        raise PermissionError(f"refusing to serve the dashboard on {address} without credentials: give "
-                              "--basic-auth user:password or --token, or bind 127.0.0.1")
+    if not is_loopback(address):
+        if not auth.required:
+            empty = " (an empty token or password counts as none)" if auth.token == "" or auth.user else ""
+            raise PermissionError(f"refusing to serve the dashboard on {address} without credentials{empty}: "
+                                  "give --basic-auth user:password or --token, or bind 127.0.0.1")
+        if auth.token and len(auth.token) < MIN_TOKEN_LENGTH:
+            raise PermissionError(f"refusing to serve the dashboard on {address} with a token of {len(auth.token)} "
+                                  f"characters: give one of at least {MIN_TOKEN_LENGTH} (for instance "
+                                  "python -c 'import secrets; print(secrets.token_urlsafe(24))'), or bind 127.0.0.1")
+        if auth.password and len(auth.password) < MIN_TOKEN_LENGTH:
+            logger.warning("the dashboard on %s takes a basic-auth password of %d characters: anyone who can reach "
+                           "it may guess it; give one of at least %d", address, len(auth.password), MIN_TOKEN_LENGTH)
     return DashboardServer((address, port), Dashboard(app, auth, read_only))
 
 

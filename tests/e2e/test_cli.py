@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import time
@@ -90,7 +91,7 @@ def test_list_filters_by_task_and_pages(cli_app):
 
 def test_show_and_cancel(cli_app):
     (jid,) = later(cli_app, 1, shard_key="customer-1")
-    res = invoke(cli_app, "show", jid)
+    res = invoke(cli_app, "show", jid, "--json")
     assert res.exit_code == 0, res.output
     rec = json.loads(res.stdout)
     assert rec["id"] == jid and rec["st"] == "SCHEDULED" and rec["task"] == "e2e.mark"
@@ -99,10 +100,32 @@ def test_show_and_cancel(cli_app):
     res = invoke(cli_app, "cancel", jid)
     assert res.exit_code == 0, res.output
     assert res.stdout.strip() == f"cancelled {jid} (was SCHEDULED)"
-    assert json.loads(invoke(cli_app, "show", jid).stdout)["st"] == "CANCELLED"
+    assert json.loads(invoke(cli_app, "show", jid, "--json").stdout)["st"] == "CANCELLED"
 
     res = invoke(cli_app, "cancel", jid)
     assert res.exit_code == 1 and "cannot cancel" in res.output and "CANCELLED" in res.output
+
+
+def test_show_speaks_the_job_pages_words(cli_app):
+    """``delayed show`` labels every line in words (the dashboard's labels, one mapping) and shows the arguments
+    as the app's argsrepr; ``--json`` keeps the record as Redis keeps it."""
+    h = apply_later(cli_app, "e2e.mark", args=("alice", 3), kwargs={"n": 1}, when=600, idempotency_key="order-7",
+                    strict=False, argsrepr="('alice', '***')")
+    res = invoke(cli_app, "show", h.id)
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.splitlines()
+    summary = {line[:19].strip(): line[19:] for line in lines[:9]}
+    assert list(summary)[:8] == ["job id", "state", "task", "arguments", "keyword arguments", "queue", "due",
+                                 "attempts"]
+    assert summary["job id"] == h.id and summary["state"] == "SCHEDULED" and summary["task"] == "e2e.mark"
+    assert summary["arguments"] == "('alice', '***')" and summary["keyword arguments"] == "{'n': 1}"
+    assert summary["queue"] == cli_app.conf.task_default_queue and summary["idempotency key"] == "order-7"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}Z \(in (9|10)m \d+s\)", summary["due"]), summary["due"]
+    assert summary["attempts"] == "none yet"
+    labels = [line.split("  ")[0] for line in lines[10:]]
+    assert "broker list" in labels and "scheduled at" in labels
+    for code in ("st", "lk", "rk", "tp", "q", "ik"):  # no record key is printed as a label
+        assert not any(line.startswith(code + " ") for line in lines), code
 
 
 @pytest.mark.parametrize("command", ["show", "cancel"])
@@ -168,7 +191,7 @@ def test_show_formats_every_time_and_keeps_text_as_it_is(cli_app):
     store.release.release_due(h.shard)
     assert store.executions.start(h.id, h.shard, "me", "host").run
     store.executions.finish(h.id, h.shard, "me", "SUCCEEDED")
-    res = invoke(cli_app, "show", h.id)
+    res = invoke(cli_app, "show", h.id, "--json")
     assert res.exit_code == 0, res.output
     rec = json.loads(res.stdout)
     for field in ("due", "created", "released", "started", "finished"):
@@ -234,6 +257,23 @@ def test_dlq_requeue_all_with_and_without_task(cli_app):
     for args in ([], ["x", "--all"], ["x", "--task", "t.odd"]):
         res = invoke(cli_app, "dlq", "requeue", *args)
         assert res.exit_code == 2, (args, res.output)
+
+
+def test_dlq_show_speaks_words_and_json_keeps_the_record(cli_app):
+    (jid, *_) = _letters(cli_app, 1)
+    store = get_store(cli_app)
+    store.redis.client.hset(store.keys.shard(store.layout.shard_of(jid)).job(jid), "tb", "Traceback (most recent)")
+    res = invoke(cli_app, "dlq", "show", jid)
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.splitlines()
+    assert lines[0].split() == ["job", "id", jid] and lines[1].split() == ["state", "DEAD"]
+    assert any(re.fullmatch(r"attempts +3 made", line) for line in lines)
+    assert any(re.fullmatch(r"error +app\.Boom: boom 0", line) for line in lines)
+    assert lines[-2:] == ["traceback:", "Traceback (most recent)"]
+    res = invoke(cli_app, "dlq", "show", jid, "--json")
+    rec = json.loads(res.stdout[: res.stdout.rindex("}") + 1])
+    assert rec["etype"] == "app.Boom" and rec["st"] == "DEAD"
+    assert res.stdout.rstrip().endswith("Traceback (most recent)")
 
 
 def test_dlq_purge_asks_first_without_yes(cli_app):
