@@ -5,7 +5,8 @@ page's "project", on ``sys.path`` and the working directory) against a private r
 
 - a block whose first line is a file name comment (``# tasks.py``, ``# test_trials.py``) is that
   file: it is written into the project, and a later block imports it as a reader would
-  (``from tasks import remind``); a ``test_*.py`` file is also run by pytest, which must pass;
+  (``from tasks import remind``); the page's ``test_*.py`` files are run by pytest at its end, and
+  must pass;
 - any other ``python`` block runs as it is; one that starts with ``>>>`` is a doctest;
 - ``redis://127.0.0.1:6379/0``, the local Redis a reader starts, is this test's private server;
 - ``% skip: next`` (``<!-- skip: next -->`` in the README) marks the few illustrative fragments
@@ -56,6 +57,7 @@ class Project:
     def __init__(self, root: Path, redis_url: str) -> None:
         self.root = root
         self.redis_url = redis_url
+        self.tests: list[Path] = []  # test files the page wrote: run by pytest once the page is done
 
     def source(self, example: Example) -> str:
         return str(example.parsed).replace(LOCAL_REDIS, self.redis_url)
@@ -78,15 +80,19 @@ class Project:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(source)
         self.forget_modules()  # a file written again is imported anew
-        if path.name.startswith("test_"):
-            self.run_pytest(path)
+        if path.name.startswith("test_") and path not in self.tests:
+            self.tests.append(path)
 
-    def run_pytest(self, path: Path) -> None:
+    def run_tests(self) -> None:
+        """Run the page's test files with pytest (one process for them all); they must pass."""
+        if not self.tests:
+            return
         env = dict(os.environ, DELAYED_TEST_REDIS_URL=self.redis_url,
                    PYTHONPATH=os.pathsep.join([str(self.root), str(ROOT), os.environ.get("PYTHONPATH", "")]))
-        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(path)],
+        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *map(str, self.tests)],
                               cwd=self.root, env=env, capture_output=True, text=True, timeout=120)
-        assert done.returncode == 0, f"pytest {path.name} failed:\n{done.stdout}\n{done.stderr}"
+        names = ", ".join(p.name for p in self.tests)
+        assert done.returncode == 0, f"pytest {names} failed:\n{done.stdout}\n{done.stderr}"
 
     def forget_modules(self) -> None:
         root = str(self.root)
@@ -127,6 +133,7 @@ def test_examples_run(page: Path, redis: RedisServer, tmp_path: Path, monkeypatc
                 example.evaluate()
             except Exception as exc:
                 raise AssertionError(f"{page.relative_to(ROOT)}, line {example.line}: {exc!r}") from exc
+        project.run_tests()
     finally:
         project.forget_modules()
         # what a page's apps left in Celery's process-wide state does not reach the next page or test:
