@@ -13,7 +13,7 @@ import celery_delayed  # noqa: E402
 
 project = "celery-delayed"
 author = "the celery-delayed authors"
-copyright = "the celery-delayed authors, BSD-3-Clause"  # noqa: A001
+copyright = "the celery-delayed authors, BSD-3-Clause"
 release = celery_delayed.__version__
 version = release
 
@@ -34,6 +34,7 @@ myst_heading_anchors = 3
 
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
+autodoc_inherit_docstrings = False  # Celery's own docstrings use roles of Celery's docs
 autodoc_typehints_format = "short"
 autodoc_default_options = {"members": True, "show-inheritance": False}
 napoleon_google_docstring = True

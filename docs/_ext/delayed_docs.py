@@ -164,13 +164,10 @@ class SettingsDirective(SphinxDirective):
 
 
 def metrics_markdown() -> str:
-    from celery_delayed.metrics import FAMILIES, PREFIX
+    from celery_delayed.metrics import PREFIX, metrics_table
 
-    rows = ["| metric | type | labels | meaning |", "|---|---|---|---|"]
-    for name, kind, labels, meaning in FAMILIES:
-        rows.append(f"| `{PREFIX}{name}` | {kind} | {labels or '-'} | {meaning} |")
-    rows.append(f"| `{PREFIX}store_up` | gauge | - | 1 when the scrape could read the store, 0 when it could not |")
-    return "\n".join(rows)
+    up = f"| `{PREFIX}store_up` | gauge | - | 1 when the scrape could read the store, 0 when it could not |"
+    return metrics_table() + "\n" + up
 
 
 class MetricsDirective(SphinxDirective):
@@ -181,11 +178,9 @@ class MetricsDirective(SphinxDirective):
 
 
 def fixups_markdown() -> str:
-    from celery_delayed.fixups import FIXUPS
+    from celery_delayed.fixups import fixups_table
 
-    lines = ["| fixup | applies to | corrects |", "|---|---|---|"]
-    lines += [f"| `{f.name}` | {f.versions} | {f.corrects} |" for f in FIXUPS.values()]
-    return "\n".join(lines)
+    return fixups_table()
 
 
 class FixupsDirective(SphinxDirective):
@@ -223,6 +218,11 @@ def api_groups() -> list[tuple[str, list[str]]]:
     return groups
 
 
+def own_members(cls: type) -> list[str]:
+    """The public names a class defines itself (not what it inherits from Celery's classes)."""
+    return [k for k in vars(cls) if not k.startswith("_") and k != "abstract"]
+
+
 class ApiDirective(SphinxDirective):
     """``delayed-api``: autodoc of every public name, by group (in an ``{eval-rst}`` block)."""
 
@@ -240,7 +240,8 @@ class ApiDirective(SphinxDirective):
                 elif inspect.isclass(obj) and issubclass(obj, BaseException) and getattr(errors, name, None) is obj:
                     lines += [f"- :exc:`celery_delayed.{name} <celery_delayed.errors.{name}>`", ""]
                 elif inspect.isclass(obj):
-                    lines += [f".. autoclass:: celery_delayed.{name}", "   :members:", ""]
+                    lines += [f".. autoclass:: celery_delayed.{name}", f"   :members: {', '.join(own_members(obj))}",
+                              ""]
                 else:
                     lines += [f".. autofunction:: celery_delayed.{name}", ""]
         return _rst(self, lines)
@@ -271,13 +272,13 @@ class ErrorsDirective(SphinxDirective):
             out = ["   " * depth + f"- :exc:`~celery_delayed.errors.{cls.__name__}`{also}"]
             for sub in classes:
                 if cls in sub.__bases__ and sub.__bases__[0] is cls:
-                    out += [""] + tree(sub, depth + 1)
+                    out += ["", *tree(sub, depth + 1)]
             return out
 
         roots = [c for c in classes if not any(b in mine for b in c.__bases__)]
         lines: list[str] = []
         for root in roots:
-            lines += tree(root, 0) + [""]
+            lines += [*tree(root, 0), ""]
         for cls in classes:
             lines += [f".. autoexception:: celery_delayed.errors.{cls.__name__}", "   :show-inheritance:",
                       "   :members:", ""]
