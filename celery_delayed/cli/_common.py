@@ -48,8 +48,10 @@ def fmt_ms(ms: Any) -> str:
 def paged(f: F) -> F:
     """The paging options every listing command takes: --offset, --limit, --json."""
     for option in reversed((
-        click.option("--offset", default=0, show_default=True, type=click.IntRange(0)),
-        click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 10_000)),
+        click.option("--offset", default=0, show_default=True, type=click.IntRange(0), metavar="N",
+                     help="Skip the first N rows (the next page: the previous --offset plus --limit)."),
+        click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 10_000), metavar="N",
+                     help="Show at most N rows."),
         click.option("--json", "as_json", is_flag=True, help="Print JSON lines."),
     )):
         f = option(f)
