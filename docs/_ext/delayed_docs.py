@@ -27,7 +27,10 @@ from typing import Any
 from docutils import nodes
 from docutils.statemachine import StringList
 from sphinx.application import Sphinx
+from sphinx.util import logging
 from sphinx.util.docutils import SphinxDirective
+
+logger = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -346,7 +349,14 @@ class LuaDirective(SphinxDirective):
         return _rst(self, lines)
 
 
+def warn_unknown(app: Sphinx, env: Any, node: Any, contnode: Any) -> None:
+    """A ``{setting}`` or ``{luascript}`` link to nothing is a warning (so an error under ``-W``)."""
+    if node.get("refdomain") == "std" and node.get("reftype") in ("setting", "luascript"):
+        logger.warning("no %s named %r", node["reftype"], node["reftarget"], location=node)
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
+    app.connect("missing-reference", warn_unknown)
     app.add_object_type("setting", "setting", indextemplate="pair: %s; setting")
     app.add_object_type("luascript", "luascript", indextemplate="pair: %s; Lua script")
     app.add_directive("delayed-settings", SettingsDirective)
