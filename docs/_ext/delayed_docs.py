@@ -64,11 +64,11 @@ SEE_ALSO = {
 }
 
 
-def _markdown(directive: SphinxDirective, text: str) -> list[nodes.Node]:
-    """Parse Markdown text in the directive's (MyST) document."""
-    container = nodes.container()
+def _markdown(directive: SphinxDirective, text: str, titles: bool = False) -> list[nodes.Node]:
+    """Parse Markdown text in the directive's (MyST) document; ``titles``: its headings make sections."""
+    container = nodes.section() if titles else nodes.container()
     directive.state.nested_parse(StringList(text.splitlines(), source=directive.get_source_info()[0]),
-                                 directive.content_offset, container)
+                                 directive.content_offset, container, match_titles=titles)
     return list(container.children)
 
 
@@ -133,6 +133,13 @@ def _see_also(text: str) -> str:
     return re.sub(r"\(see ([A-Z][A-Za-z ,]+?)\)", link, text)
 
 
+def _sentence(text: str) -> str:
+    """A setting's meaning as a sentence: a capital first, a full stop last, no table escapes."""
+    text = text.replace("\\|", "|").strip()
+    text = text[0].upper() + text[1:] if text[:1].islower() else text
+    return text if text.endswith((".", ")")) and not text.endswith("...)") else text + "."
+
+
 def settings_markdown() -> str:
     """The settings, grouped, as MyST Markdown (one ``{setting}`` object each)."""
     from celery_delayed.config import SETTINGS_BY_KEY
@@ -144,7 +151,7 @@ def settings_markdown() -> str:
         groups.append(("Other settings", rest))
     out: list[str] = []
     for title, keys in groups:
-        out += [f"**{title}**", ""]
+        out += [f"## {title}", ""]
         for key in keys:
             s = SETTINGS_BY_KEY[key]
             listed.add(key)
@@ -152,7 +159,7 @@ def settings_markdown() -> str:
             bounds = _setting_bounds(s)
             if bounds:
                 meta = meta[:-1] + f", {bounds}."
-            out += ["````{setting} " + s.name, meta, "", _see_also(s.doc), "````", ""]
+            out += ["````{setting} " + s.name, meta, "", _sentence(_see_also(s.doc)), "````", ""]
     return "\n".join(out)
 
 
@@ -160,7 +167,7 @@ class SettingsDirective(SphinxDirective):
     """``delayed-settings``: every ``delayed_*`` setting, from ``celery_delayed.config.SETTINGS``."""
 
     def run(self) -> list[nodes.Node]:
-        return _markdown(self, settings_markdown())
+        return _markdown(self, settings_markdown(), titles=True)
 
 
 # -- metrics, fixups -----------------------------------------------------------------------------
@@ -272,7 +279,7 @@ class ErrorsDirective(SphinxDirective):
         def tree(cls: type[BaseException], depth: int) -> list[str]:
             std = [b.__name__ for b in cls.__bases__ if b not in mine]
             also = f" (also a ``{'``, ``'.join(std)}``)" if std and depth else ""
-            out = ["   " * depth + f"- :exc:`~celery_delayed.errors.{cls.__name__}`{also}"]
+            out = ["  " * depth + f"- :exc:`~celery_delayed.errors.{cls.__name__}`{also}"]
             for sub in classes:
                 if cls in sub.__bases__ and sub.__bases__[0] is cls:
                     out += ["", *tree(sub, depth + 1)]
@@ -334,6 +341,8 @@ class LuaDirective(SphinxDirective):
         for path in sorted(lua.glob("*.lua")):
             head = lua_header(path)
             first, _, rest = head.partition("\n")
+            first = first.strip().removeprefix(f"{path.stem}:").strip()
+            first = first[:1].upper() + first[1:]
             lines += [f".. luascript:: {path.name}", "",
                       f"   {first.strip()}", "",
                       f"   Run by ``{runners.get(path.stem, '(no facet)')}``.", "",
@@ -355,8 +364,16 @@ def warn_unknown(app: Sphinx, env: Any, node: Any, contnode: Any) -> None:
         logger.warning("no %s named %r", node["reftype"], node["reftarget"], location=node)
 
 
+def options_as_code(app: Sphinx, ctx: Any, lines: list[str]) -> None:
+    """A command's help names options (``--task``): show them as code, so they stay two hyphens."""
+    lines[:] = [line if line.lstrip().startswith(("..", ":")) else
+                re.sub(r"(?<![`\w-])(--[a-z][a-z-]*)", r"``\1``", line) for line in lines]
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
     app.connect("missing-reference", warn_unknown)
+    app.connect("sphinx-click-process-description", options_as_code)
+    app.connect("sphinx-click-process-options", options_as_code)
     app.add_object_type("setting", "setting", indextemplate="pair: %s; setting")
     app.add_object_type("luascript", "luascript", indextemplate="pair: %s; Lua script")
     app.add_directive("delayed-settings", SettingsDirective)
