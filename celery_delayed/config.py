@@ -1,8 +1,8 @@
 """Settings: ``delayed_*`` keys on ``app.conf``, read once per app into a frozen object.
 
 Every setting is one row of :data:`SETTINGS` (name, type, default, bounds,
-meaning); validation, the defaults and the README's settings table all come
-from it (``tests/unit/test_config.py`` checks that the README agrees).
+meaning); validation, the defaults and the docs' settings reference (generated
+by ``docs/_ext/delayed_docs.py`` at build time) all come from it.
 Precedence for the options a task or a call may override, as Celery's own
 ``Task.from_config``: call option > task attribute > setting > default
 (:func:`resolve`).
@@ -111,7 +111,7 @@ def _num(x: float) -> str:
 #: The fixups of :mod:`celery_delayed.fixups`, by name (``delayed_disabled_fixups`` names some of them).
 FIXUP_NAMES = ("reconnect_guard", "prompt_timers", "eta_cycle", "held_restore")
 
-#: Every setting. The README's settings table is this table.
+#: Every setting. The docs' settings reference is generated from this table.
 SETTINGS: tuple[Setting, ...] = (
     Setting("redis_url", str, None, "Redis holding the store (`redis://`, `rediss://`, `unix://`, or "
             "`sentinel://host:port;sentinel://host:port`). Required when the broker is not Redis.", nullable=True),
@@ -432,25 +432,6 @@ def resolve(call: Any, task: Any, attr: str, config: DelayedConfig, setting: str
     if value is not None:
         return value
     return getattr(config, setting or attr)
-
-
-def settings_table() -> str:
-    """The README's settings table (Markdown), generated from :data:`SETTINGS`.
-
-    ``python -c "from celery_delayed.config import settings_table; print(settings_table())"``
-    prints it; ``tests/unit/test_config.py`` checks that the README holds it.
-    """
-    lines = ["| setting | type | default | meaning |", "|---|---|---|---|"]
-    for s in SETTINGS:
-        kind = s.kind.__name__ + (f", {s.unit}" if s.unit else "")
-        if s.key == "redis_url":
-            default = "`broker_url`"
-        elif isinstance(s.default, str):
-            default = f'`"{s.default}"`'
-        else:
-            default = f"`{s.default}`" + _human(s)
-        lines.append(f"| `{s.name}` | {kind} | {default} | {s.doc} |")
-    return "\n".join(lines)
 
 
 def _human(s: Setting) -> str:

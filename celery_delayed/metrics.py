@@ -50,7 +50,7 @@ FAMILIES: tuple[tuple[str, str, str, str], ...] = (
 
 
 def metrics_table() -> str:
-    """The README's metrics table (Markdown), generated from :data:`FAMILIES`."""
+    """The metrics table (Markdown) of the docs' metrics reference, generated from :data:`FAMILIES`."""
     rows = ["| metric | type | labels | meaning |", "|---|---|---|---|"]
     for name, kind, labels, meaning in FAMILIES:
         rows.append(f"| `{PREFIX}{name}` | {kind} | {labels or '-'} | {meaning} |")

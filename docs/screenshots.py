@@ -1,4 +1,4 @@
-"""Take the README's dashboard screenshots: ``PYTHONPATH=. python docs/screenshots.py``.
+"""Take the dashboard screenshots of the docs (docs/img): ``PYTHONPATH=. python docs/screenshots.py``.
 
 Starts a private redis-server, schedules a few thousand jobs of three tasks on
 two queues, runs a scheduler in this process (which releases the due ones),

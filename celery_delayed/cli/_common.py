@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import click
 from celery import Celery
 
-from .. import describe
 from ..errors import DelayedError
-from ..store import Store
 from ..timeutil import from_ms
-from ..vocab import TIME_FIELDS, Field
+from ..vocab import TIME_FIELDS
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -51,9 +49,9 @@ def paged(f: F) -> F:
     """The paging options every listing command takes: --offset, --limit, --json."""
     for option in reversed((
         click.option("--offset", default=0, show_default=True, type=click.IntRange(0), metavar="N",
-                     help="Skip the first N entries (for the next page: --offset plus --limit of the last one)."),
+                     help="Skip the first N rows (the next page: the previous --offset plus --limit)."),
         click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 10_000), metavar="N",
-                     help="Print at most N entries (1 to 10,000)."),
+                     help="Show at most N rows."),
         click.option("--json", "as_json", is_flag=True, help="Print JSON lines."),
     )):
         f = option(f)
@@ -67,25 +65,6 @@ def show_record(rec: dict[str, str]) -> str:
         if shown.get(key):
             shown[key] = f"{shown[key]} ({fmt_ms(shown[key])})"
     return json.dumps(shown, indent=2, sort_keys=True, ensure_ascii=False)
-
-
-def labelled(rows: Sequence[tuple[str, str]]) -> str:
-    """(label, text) rows as aligned lines ("label    text"); a text's later lines indented under the first."""
-    width = max((len(label) for label, _ in rows), default=0) + 2
-    return "\n".join(f"{label:<{width}}" + str(text).replace("\n", "\n" + " " * width) for label, text in rows)
-
-
-def job_text(store: Store, rec: dict[str, str]) -> str:
-    """A job as ``delayed show`` prints it: the summary in words (the dashboard's labels), the rest of the
-    record labelled, then the traceback."""
-    message = store.lookup.message(rec["id"], int(rec["shard"]))
-    out = [labelled(describe.summary(rec, message, store.redis.now_ms()))]
-    rest = describe.details(rec)
-    if rest:
-        out += ["", labelled([(label, text) for _, label, text in rest])]
-    if rec.get(Field.TRACEBACK):
-        out += ["", f"{describe.label(Field.TRACEBACK)}:", rec[Field.TRACEBACK].rstrip()]
-    return "\n".join(out)
 
 
 def json_line(row: Any) -> str:

@@ -136,7 +136,7 @@ def on_worker_setup(**_: Any) -> None:
 
 
 def fixups_table() -> str:
-    """The README's table of fixups (Markdown), generated from :data:`FIXUPS`."""
+    """The table of fixups (Markdown) the docs show (the worker side), generated from :data:`FIXUPS`."""
     lines = ["| fixup | applies to | corrects |", "|---|---|---|"]
     lines += [f"| `{f.name}` | {f.versions} | {f.corrects} |" for f in FIXUPS.values()]
     return "\n".join(lines)

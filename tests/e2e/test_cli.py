@@ -322,10 +322,3 @@ def test_status_with_live_schedulers_and_sigint_on_run(redis_url, uid, workers, 
     assert len(left) == 1 and left[0] in tokens
     res = invoke(app, "status", "--json")
     assert json.loads(res.stdout)["schedulers"] == left
-
-
-@pytest.mark.parametrize("command", [["list"], ["dlq", "list"]])
-def test_paging_options_say_what_they_mean(cli_app, command):
-    out = invoke(cli_app, *command, "--help").output
-    assert "--offset N" in out and "Skip the first N entries" in out, out
-    assert "--limit N" in out and "Print at most N entries" in out, out

@@ -1,50 +1,21 @@
-"""One table of settings: the config object, the validation and the README agree with it."""
+"""One table of settings: the config object and the validation agree with it.
+
+The docs' settings page is generated from the same table (docs/_ext/delayed_docs.py).
+"""
 
 from __future__ import annotations
 
-import re
 from dataclasses import fields
-from pathlib import Path
 
 import pytest
 from celery import Celery
 
-from celery_delayed.config import SETTINGS, DelayedConfig, resolve, settings_table
+from celery_delayed.config import SETTINGS, DelayedConfig, resolve
 from celery_delayed.errors import ConfigurationError
-
-README = Path(__file__).resolve().parents[2] / "README.md"
-
-
-def _readme_rows() -> dict[str, tuple[str, str]]:
-    rows = {}
-    for line in README.read_text().splitlines():
-        m = re.match(r"\| `(delayed_[a-z_]+)` \| ([^|]+) \| ([^|]+) \|", line)
-        if m:
-            rows[m.group(1)] = (m.group(2).strip(), m.group(3).strip())
-    return rows
 
 
 def test_config_fields_are_the_settings_table():
     assert [f.name for f in fields(DelayedConfig)] == [s.key for s in SETTINGS]
-
-
-def test_readme_holds_the_generated_settings_table():
-    assert settings_table() in README.read_text(), (
-        "README's settings table is not config.settings_table(): paste its output into the README")
-
-
-def test_readme_settings_table_agrees_with_the_code():
-    rows = _readme_rows()
-    assert set(rows) == {s.name for s in SETTINGS}, "README's settings table and config.SETTINGS differ"
-    for s in SETTINGS:
-        kind, default = rows[s.name]
-        assert kind.split(",")[0] == s.kind.__name__, (s.name, kind)
-        if s.key == "redis_url":
-            assert default == "`broker_url`"
-            continue
-        shown = default.split(" ")[0].strip("`").replace(",", "")
-        assert shown == (repr(s.default) if isinstance(s.default, str) else str(s.default)).replace("'", '"'), (
-            s.name, default)
 
 
 def test_each_setting_is_validated():

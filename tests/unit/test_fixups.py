@@ -17,7 +17,6 @@ import weakref
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from importlib import import_module
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -41,7 +40,6 @@ from celery_delayed.config import FIXUP_NAMES, DelayedConfig
 from celery_delayed.errors import ConfigurationError
 from celery_delayed.fixups import (
     FIXUPS,
-    fixups_table,
     held_restore,
     install_fixups,
     on_worker_setup,
@@ -49,8 +47,6 @@ from celery_delayed.fixups import (
     upstream_version,
 )
 from celery_delayed.testing import RedisServer
-
-README = Path(__file__).resolve().parents[2] / "README.md"
 
 #: Every class attribute a fixup replaces.
 PATCHED = [(kredis.Channel, "_get_pool"), (kredis.SentinelChannel, "_get_pool"), (Hub, "fire_timers"),
@@ -171,11 +167,6 @@ def test_a_fixup_outside_its_versions_or_disabled_is_skipped_with_a_debug_line(n
     with caplog.at_level(logging.DEBUG, logger="celery_delayed.fixups"):
         on_worker_setup()
     assert f"fixup {name} skipped: named in delayed_disabled_fixups" in caplog.text
-
-
-def test_readme_holds_the_generated_fixups_table():
-    assert fixups_table() in README.read_text(), (
-        "README's table of fixups is not fixups.fixups_table(): paste its output into the README")
 
 
 # -- each fixup: applied, the correction; disabled, the upstream behaviour
