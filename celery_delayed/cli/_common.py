@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import click
 from celery import Celery
 
+from .. import describe
 from ..errors import DelayedError
+from ..store import Store
 from ..timeutil import from_ms
-from ..vocab import TIME_FIELDS
+from ..vocab import TIME_FIELDS, Field
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -65,6 +67,25 @@ def show_record(rec: dict[str, str]) -> str:
         if shown.get(key):
             shown[key] = f"{shown[key]} ({fmt_ms(shown[key])})"
     return json.dumps(shown, indent=2, sort_keys=True, ensure_ascii=False)
+
+
+def labelled(rows: Sequence[tuple[str, str]]) -> str:
+    """(label, text) rows as aligned lines ("label    text"); a text's later lines indented under the first."""
+    width = max((len(label) for label, _ in rows), default=0) + 2
+    return "\n".join(f"{label:<{width}}" + str(text).replace("\n", "\n" + " " * width) for label, text in rows)
+
+
+def job_text(store: Store, rec: dict[str, str]) -> str:
+    """A job as ``delayed show`` prints it: the summary in words (the dashboard's labels), the rest of the
+    record labelled, then the traceback."""
+    message = store.lookup.message(rec["id"], int(rec["shard"]))
+    out = [labelled(describe.summary(rec, message, store.redis.now_ms()))]
+    rest = describe.details(rec)
+    if rest:
+        out += ["", labelled([(label, text) for _, label, text in rest])]
+    if rec.get(Field.TRACEBACK):
+        out += ["", f"{describe.label(Field.TRACEBACK)}:", rec[Field.TRACEBACK].rstrip()]
+    return "\n".join(out)
 
 
 def json_line(row: Any) -> str:
