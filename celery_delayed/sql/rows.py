@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from celery import Celery
-from sqlalchemy import Connection, Engine, and_, create_engine, delete, insert, or_, select, text, update
+from sqlalchemy import Connection, Engine, and_, delete, insert, or_, select, text, update
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, SQLAlchemyError
 
 from ..config import get_config
@@ -27,6 +27,7 @@ from ..redis_urls import redact
 from ..store import NewJob, rehome, shard_for
 from ..vocab import Field, JobState
 from .schema import SCHEMA_VERSION, jobs, metadata, schema
+from .urls import engine_for
 
 F = TypeVar("F", bound=Callable[..., Any])
 _SCHEMA_NAME = "celery_delayed"
@@ -94,7 +95,7 @@ class JobRows:
         self.app = app
         self.prefix = get_config(app).key_prefix
         self.url_shown = redact(url)
-        self.engine = engine or create_engine(url, pool_pre_ping=True, future=True)
+        self.engine = engine or engine_for(url)
         self._schema_ok = False
 
     # -- schema ------------------------------------------------------------------------
