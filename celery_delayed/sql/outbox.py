@@ -36,6 +36,7 @@ from ..producer.prepare import Prepared
 from ..result import DelayedResult
 from ..store import NewJob, Store
 from ..vocab import Field, JobState
+from .binding import ensure_bound
 from .rows import JobRows, Row, key_hash
 
 logger = logging.getLogger("celery_delayed.outbox")
@@ -49,6 +50,7 @@ def store_with_rows(app: Celery, store: Store, rows: JobRows, prepared: Sequence
                     connection: Any = None) -> list[DelayedResult]:
     """Write the jobs' rows, then index them in Redis (see the module docstring); return their handles."""
     rows.check_schema()
+    ensure_bound(store, rows)  # the rows of a database bound to another store are not this store's to write
     for _ in range(3):
         try:
             return _store(store, rows, prepared, connection)
