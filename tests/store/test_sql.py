@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 from support import RedisServer, free_port, make_app
 
 from celery_delayed import ConfigurationError, DuplicateJob, apply_later, apply_later_many, get_store
-from celery_delayed.errors import DatabaseUnavailable
+from celery_delayed.errors import DatabaseUnavailable, JobNotFound
 from celery_delayed.reconciler import Reconciler
 from celery_delayed.sql.rows import get_rows
 from celery_delayed.sql.schema import SCHEMA_VERSION, jobs, schema
@@ -104,8 +104,9 @@ def test_redis_down_scheduling_still_succeeds_and_is_indexed_later(uid: str, dat
     h = apply_later(app, TASK, when=0, strict=False)
     assert h.indexed is False and row(app, h.id).state == "SCHEDULED"  # the row is the job
     with RedisServer(port=port) as _server:
+        assert h.indexed is False  # Redis is back, the job is not indexed yet
         Reconciler(app).sweep_outbox(0)
-        assert get_store(app).lookup.get(h.id)["st"] == "SCHEDULED"
+        assert get_store(app).lookup.get(h.id)["st"] == "SCHEDULED" and h.indexed is True
     rows.dispose()
 
 
@@ -125,14 +126,21 @@ def test_session_outbox_commit_indexes_rollback_leaves_nothing(dapp: Any, databa
         session.execute(text("SELECT 1"))
         h = apply_later(dapp, TASK, when=60, strict=False, connection=session)
         assert store.lookup.record_states(h.shard, [h.id])[h.id] is None  # not before the commit
+        # before the commit the handle names a job that does not exist yet: it says so (it was None, then
+        # stayed None after the commit; job_state raised a bare JobNotFound)
+        assert h.indexed is False and h.created
+        with pytest.raises(JobNotFound, match="a row of the caller's transaction, indexed once that commits"):
+            h.job_state  # noqa: B018
         session.commit()
     assert store.lookup.get(h.id)["st"] == "SCHEDULED" and row(dapp, h.id).state == "SCHEDULED"
+    assert h.indexed is True and h.job_state == "SCHEDULED"
     with Session(engine) as session:
         gone = apply_later(dapp, TASK, when=60, strict=False, connection=session)
         session.rollback()
     assert store.lookup.record_states(gone.shard, [gone.id])[gone.id] is None and row(dapp, gone.id) is None
     Reconciler(dapp).sweep_outbox(0)
     assert store.lookup.record_states(gone.shard, [gone.id])[gone.id] is None  # the job never existed
+    assert gone.indexed is False
     engine.dispose()
 
 
@@ -141,13 +149,14 @@ def test_core_connection_outbox_is_indexed_by_the_sweep(dapp: Any, database_url:
     store = get_store(dapp)
     with engine.connect() as conn:
         h = apply_later(dapp, TASK, when=60, strict=False, connection=conn)
-        assert h.indexed is None
+        assert h.indexed is False
         conn.commit()
+    assert h.indexed is False  # committed: the sweep indexes it (a Core Connection has no after-commit hook)
     with engine.connect() as conn:
         lost = apply_later(dapp, TASK, when=60, strict=False, connection=conn)
         conn.rollback()
     assert Reconciler(dapp).sweep_outbox(0) > 0
-    assert store.lookup.get(h.id)["st"] == "SCHEDULED"
+    assert store.lookup.get(h.id)["st"] == "SCHEDULED" and h.indexed is True
     assert store.lookup.record_states(lost.shard, [lost.id])[lost.id] is None and row(dapp, lost.id) is None
     engine.dispose()
 
