@@ -177,17 +177,18 @@ def test_the_mirror_carries_state_changes_to_the_rows(dapp: Any) -> None:
     assert c.cancel()
     pending, oldest = store.changes.lag(a.shard)
     assert pending >= 1 and oldest is not None
+    # another store's rows (another prefix) in the same database, one with the same job id as a: untouched
+    with rows.engine.begin() as conn:
+        conn.execute(insert(jobs).values(**(rows.values(store_job(dapp), 0) | {"prefix": "other", "id": a.id})))
     mirror = Mirror(store, rows)
     mirror.apply(list(range(store.config.shards)))
     assert [row(dapp, x.id).state for x in (a, b, c)] == ["SUCCEEDED", "QUEUED", "CANCELLED"]
     done = row(dapp, a.id)
     assert done.attempts == 1 and done.finished_ms is not None and done.finished_ms >= done.created_ms - 1000
     assert all(store.changes.lag(s)[0] == 0 for s in range(store.config.shards))
-    # rows of other stores are not touched
-    engine = rows.engine
-    with engine.begin() as conn:
-        conn.execute(insert(jobs).values(**(rows.values(store_job(dapp), 0) | {"prefix": "other"})))
-        assert conn.execute(select(jobs.c.state).where(jobs.c.prefix == "other")).scalar() == "SCHEDULED"
+    with rows.engine.connect() as conn:
+        other = conn.execute(select(jobs).where(jobs.c.prefix == "other")).one()
+    assert (other.id, other.state, other.attempts, other.finished_ms) == (a.id, "SCHEDULED", 0, None)
 
 
 def store_job(app: Any) -> Any:
