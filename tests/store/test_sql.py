@@ -224,3 +224,49 @@ def test_a_pass_gives_the_planner_statistics_after_a_bulk_load(dapp: Any, databa
             engine.dispose()
     report = Reconciler(dapp, dry_run=True).run_pass()
     assert report.scanned_rows == 3000 and report.reindexed == 0
+
+
+def test_the_reconciler_adopts_drops_and_reports_drift(dapp: Any, redis_url: str, uid: str) -> None:
+    """Redis jobs without a row: adopted (a row written from the record) once older than the grace period, or
+    dropped when the outbox flagged them (indexed at a Core Connection's commit that never completed); a row
+    whose state differs from Redis's is counted as drift and left to the mirror."""
+    import dataclasses
+
+    from celery_delayed.reconciler import GRACE_MS
+    from celery_delayed.vocab import Field
+
+    store = get_store(dapp)
+    rows = get_rows(dapp)
+    assert rows is not None
+    plain = make_app(redis_url, uid)  # the same store without the database: its jobs have no row
+    lone = apply_later(plain, TASK, args=(7, "ü"), when=3600, strict=False, idempotency_key="lone-1")
+    flagged = dataclasses.replace(store_job(dapp), fields={**store_job(dapp).fields, Field.OUTBOX: "1"})
+    flagged = dataclasses.replace(flagged, id=f"flagged-{uid}", shard=store.layout.shard_of(f"flagged-{uid}"))
+    store.jobs.schedule([flagged])
+    drifted = apply_later(dapp, TASK, when=0, strict=False)
+    assert store.release.release_due(drifted.shard).count == 1  # QUEUED in Redis; the row says SCHEDULED
+    now = store.redis.now_ms()
+
+    young = Reconciler(dapp).run_pass(now_ms=now)  # within the grace period: their rows may be on their way
+    assert (young.adopted, young.dropped, young.drift, young.reindexed) == (0, 0, 1, 0), young
+    assert rows.get(lone.id) is None and store.lookup.get(flagged.id)["st"] == "SCHEDULED"
+
+    dry = Reconciler(dapp, dry_run=True).run_pass(now_ms=now + GRACE_MS + 1_000)
+    assert (dry.adopted, dry.dropped) == (1, 1) and rows.get(lone.id) is None  # said, not done
+
+    report = Reconciler(dapp).run_pass(now_ms=now + GRACE_MS + 1_000)
+    assert (report.adopted, report.dropped, report.drift, report.reindexed) == (1, 1, 1, 0), report
+    assert {f"adopted: {lone.id}", f"dropped (never committed): {flagged.id}"} <= set(report.details)
+    adopted = rows.get(lone.id)
+    assert adopted is not None
+    assert (adopted.state, adopted.shard, adopted.task, adopted.idempotency_key) == (
+        "SCHEDULED", lone.shard, TASK, "lone-1")
+    assert adopted.due_ms == int(float(store.lookup.get(lone.id)["due"]))
+    assert json.loads(adopted.record["msg"])["headers"]["id"] == lone.id  # the row rebuilds the job alone
+    assert store.lookup.get(flagged.id)["st"] == "CANCELLED"  # out of the schedule: it is never released
+    assert flagged.id not in {j for ids in store.lookup.scheduled_pages(flagged.shard) for j in ids}
+    assert rows.get(flagged.id) is None
+    assert rows.get(drifted.id).state == "SCHEDULED"  # drift is reported; the mirror carries the change
+
+    again = Reconciler(dapp).run_pass(now_ms=now + GRACE_MS + 2_000)
+    assert (again.adopted, again.dropped) == (0, 0)  # once
