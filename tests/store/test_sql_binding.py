@@ -79,10 +79,13 @@ def test_a_second_store_with_the_same_database_and_prefix_is_refused(two_servers
         assert result.exit_code == 1 and "holds the jobs of" in result.output and "Traceback" not in result.output
         status = _cli(second, "status")
         assert status.exit_code == 0 and "WARNING: database: the database" in status.output, status.output
+        doctor = _cli(second, "doctor", "--json")
+        assert doctor.exit_code == 1 and "holds the jobs of another celery-delayed store" in doctor.output
         # the first store goes on as before
         assert Reconciler(first).run_pass().reindexed == 0
         assert {h.job_state for h in hs} == {"SCHEDULED"}
         assert f"bound to store {held.store_id}" in _cli(first, "status").output
+        assert f"schema current, bound to store {held.store_id}" in _cli(first, "doctor").output
     finally:
         _dispose(first, second)
 
