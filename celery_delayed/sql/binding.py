@@ -64,11 +64,17 @@ def ensure_bound(store: Store, rows: JobRows, max_age_s: float = RECHECK_S) -> N
         return
     held = rows.binding()
     try:
-        ours = store.layout.identity()
+        _check(store, rows, held)
     except StoreUnavailable:
         if held is not None and not _same_place(held, store):
             raise ConfigurationError(_empty_elsewhere(store, rows, held)) from None
         return
+    rows.bound_at = time.monotonic()
+
+
+def _check(store: Store, rows: JobRows, held: Binding | None) -> None:
+    """:func:`ensure_bound` with the database's binding read (``held``), Redis asked."""
+    ours = store.layout.identity()
     if held is None:
         ours = ours or store.layout.claim_identity(_new_id())
         held = rows.bind(_binding_of(store, ours))
@@ -87,7 +93,6 @@ def ensure_bound(store: Store, rows: JobRows, max_age_s: float = RECHECK_S) -> N
         raise ConfigurationError(_other_store(store, rows, held, ours))
     if not _same_place(held, store):  # the same store at a new address: remember it, for a recovery there
         rows.bind(_binding_of(store, ours, held.bound_ms), replacing=ours)
-    rows.bound_at = time.monotonic()
 
 
 def binding_problem(store: Store, rows: JobRows) -> tuple[Binding | None, str | None]:

@@ -196,10 +196,6 @@ class ShardLayout:
         got: str = pipe.execute()[-1]
         return got
 
-    def set_identity(self, store_id: str) -> None:
-        """Make ``store_id`` the store's id, whatever it had (``delayed db bind --force``)."""
-        self.redis.client.hset(self.keys.layout, "store_id", store_id)
-
     def recorded(self) -> dict[str, str]:
         """The ``shards`` and ``bucket_ms`` recorded when the store was created (empty: none yet); reads only."""
         return {str(k): str(v) for k, v in self.redis.client.hgetall(self.keys.layout).items()}

@@ -154,9 +154,11 @@ def test_db_init_binds_and_redis_down_elsewhere_is_refused(uid: str, database_ur
         app = _app(server.url, uid, database_url)
         out = _cli(app, "db", "init")
         assert out.exit_code == 0 and f"bound to store {get_store(app).layout.identity()} at {server.url}" in out.output
+    same = _app(server.url, uid, database_url)  # the bound store's Redis, down: its rows are still its jobs
     down = _app(f"redis://127.0.0.1:{free_port()}/0", uid, database_url)  # another Redis, down
     try:
+        assert apply_later(same, TASK, when=60, strict=False).indexed is False
         with pytest.raises(ConfigurationError, match="holds the jobs of another celery-delayed store"):
             apply_later(down, TASK, when=60, strict=False)
     finally:
-        _dispose(app, down)
+        _dispose(app, same, down)
