@@ -16,6 +16,7 @@ from celery_delayed import ConfigurationError, apply_later, apply_later_many, ge
 from celery_delayed.cli import delayed
 from celery_delayed.reconciler import Reconciler
 from celery_delayed.scheduler import Scheduler
+from celery_delayed.scheduler.maintenance import CONFIG_RETRY_S, Maintenance
 from celery_delayed.sql.rows import get_rows
 
 TASK = "t.bind"
@@ -52,8 +53,8 @@ def _jobs_in(app: Any) -> int:
     return sum(len(ids) for s in range(4) for ids in store.lookup.scheduled_pages(s, 1000))
 
 
-def test_a_second_store_with_the_same_database_and_prefix_is_refused(two_servers: Any, uid: str,
-                                                                     database_url: str) -> None:
+def test_a_second_store_with_the_same_database_and_prefix_is_refused(two_servers: Any, uid: str, database_url: str,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
     """Before, the second store's reconciler indexed every row of the first into its own Redis, silently."""
     one, two = two_servers
     first = _app(one.url, uid, database_url, init=True)
@@ -72,6 +73,13 @@ def test_a_second_store_with_the_same_database_and_prefix_is_refused(two_servers
             apply_later(second, TASK, when=60, strict=False)
         with pytest.raises(ConfigurationError, match="holds the jobs of"):
             Scheduler(second).preflight()
+        # a scheduler that started before (the database bound elsewhere since): its maintenance stops, loudly
+        maintenance = Maintenance(get_store(second), get_rows(second), "owner", lambda: [0])
+        with pytest.raises(ConfigurationError) as refused:
+            maintenance.tick()
+        with caplog.at_level(logging.ERROR, logger="celery_delayed.scheduler"):
+            assert maintenance.on_error(refused.value) == CONFIG_RETRY_S
+        assert "scheduler maintenance stopped: the database" in caplog.text
         assert _jobs_in(second) == 0  # none of the first store's jobs went into the second Redis
         assert rows.counts() == {"SCHEDULED": 20}  # and the second wrote no row
         assert get_store(second).layout.identity() is None
