@@ -295,6 +295,16 @@ def _key_prefix(conf: Any, value: str) -> str:
     return value
 
 
+def _database_url(conf: Any, value: str | None) -> str | None:
+    """PostgreSQL or SQLite, shared by every process (the check lives with the database code)."""
+    if value is None:
+        return None
+    from .sql.urls import check_database_url  # imports nothing heavy: SQLAlchemy is an optional extra
+
+    _non_empty("database_url")(conf, value)
+    return check_database_url(value)
+
+
 def _non_empty(name: str) -> Callable[[Any, str | None], str | None]:
     def check(conf: Any, value: str | None) -> str | None:
         if value == "":
@@ -312,7 +322,7 @@ _EXTRA_CHECKS: dict[str, Callable[[Any, Any], Any]] = {
     "redis_cluster": _redis_cluster,
     "dlq_queue": _non_empty("dlq_queue"),
     "dlq_task": _non_empty("dlq_task"),
-    "database_url": _non_empty("database_url"),
+    "database_url": _database_url,
 }
 
 

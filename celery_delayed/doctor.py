@@ -11,7 +11,8 @@ can evict jobs) and fullness; persistence (AOF); Celery's
 RabbitMQ's ``consumer_timeout`` on the publish path (through the management
 API, when reachable); clock skew between this host and Redis; schedulers
 alive and holding every shard; settings that disagree with the store's
-layout or with the running schedulers; pauses in force.
+layout or with the running schedulers; pauses in force; with a database,
+its schema and whether it holds this store's jobs or another store's.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any
 
 from celery import Celery
 
-from .errors import ConfigurationError
+from .errors import ConfigurationError, DatabaseUnavailable
 from .redis_urls import broker_url, is_redis_url
 from .store import ServerHealth, Store, get_store
 from .store.health import UNCHECKED
@@ -59,7 +60,7 @@ def findings(app: Celery, store: Store | None = None, *, schedulers: bool = True
              http_timeout_s: float = 2.0) -> list[Finding]:
     """Every check, in order. ``schedulers`` False leaves out the fleet's liveness (a scheduler starting)."""
     store = store or get_store(app)
-    out = [*settings_findings(store), *store_findings(store, http_timeout_s=http_timeout_s)]
+    out = [*settings_findings(store), *database_findings(store), *store_findings(store, http_timeout_s=http_timeout_s)]
     if schedulers:
         out += fleet_findings(store)
     return out
@@ -82,6 +83,27 @@ def settings_findings(store: Store) -> list[Finding]:
         return [Finding(PROBLEM, "layout", str(exc), "use the store's settings, or another delayed_key_prefix")]
     return [Finding(OK, "layout", f"delayed_shards={store.layout.shards} and delayed_bucket_ms="
                                   f"{store.config.bucket_ms} match the store; the schedulers' settings agree")]
+
+
+def database_findings(store: Store) -> list[Finding]:
+    """With ``delayed_database_url``: its schema, and whether it holds this store's jobs (not another's)."""
+    if not store.config.database_url:
+        return []
+    from .sql.binding import binding_problem, describe  # SQLAlchemy is an optional extra
+    from .sql.rows import get_rows
+
+    try:
+        rows = get_rows(store.app)
+        assert rows is not None
+        rows.check_schema()
+        held, problem = binding_problem(store, rows)
+    except (ConfigurationError, DatabaseUnavailable) as exc:
+        return [Finding(PROBLEM, "database", str(exc))]
+    if problem is not None:
+        return [Finding(PROBLEM, "database", problem)]
+    bound = (f"bound to {describe(held)}" if held
+             else "not bound to a store yet (the first producer or scheduler binds it)")
+    return [Finding(OK, "database", f"{rows.url_shown}: schema current, {bound}")]
 
 
 def store_findings(store: Store, *, http_timeout_s: float = 2.0) -> list[Finding]:

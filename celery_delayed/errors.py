@@ -48,8 +48,8 @@ class DuplicateJob(DelayedError):
 class JobNotFound(DelayedError, LookupError):
     """No job record under that id (never scheduled, or its record expired)."""
 
-    def __init__(self, job_id: str) -> None:
-        super().__init__(f"no job with id {job_id!r} (never scheduled, or its record expired)")
+    def __init__(self, job_id: str, why: str = "never scheduled, or its record expired") -> None:
+        super().__init__(f"no job with id {job_id!r} ({why})")
         self.job_id = job_id
 
 

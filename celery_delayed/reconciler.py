@@ -95,6 +95,8 @@ class Reconciler:
         """One full pass (bounded batches inside); return what it found and did."""
         t0 = time.monotonic()
         report = Report()
+        if self.rows is not None:
+            self._check_bound()
         self.store.layout.reload(5.0)
         now = self.store.redis.now_ms() if now_ms is None else now_ms
         if self.store.release.any_released():  # an idle fleet: one command instead of a read per shard
@@ -116,6 +118,7 @@ class Reconciler:
         commit and the Redis write, is indexed within about a second.
         """
         assert self.rows is not None
+        self._check_bound()
         self.store.layout.reload(5.0)
         after: tuple[int, str] = (0, "")
         newest = since_ms
@@ -135,6 +138,13 @@ class Reconciler:
                     self.store.jobs.schedule([r.as_new_job(self.store.layout.shards) for r in lost])
             if len(page) < BATCH:
                 return newest
+
+    def _check_bound(self) -> None:
+        """Refuse to index into this Redis the rows of a database bound to another store (``sql/binding.py``)."""
+        from .sql.binding import ensure_bound
+
+        assert self.rows is not None
+        ensure_bound(self.store, self.rows)
 
     # -- 1. released, never started -----------------------------------------------------
 

@@ -10,7 +10,7 @@ from celery.result import AsyncResult
 from vine import promise
 
 from .cancellation import cancel_job
-from .errors import InvalidState, JobNotFound
+from .errors import InvalidState, JobNotFound, StoreUnavailable
 from .store import Store, get_store
 from .timeutil import due_spec, from_ms
 from .vocab import Field
@@ -27,6 +27,18 @@ class DelayedResult(AsyncResult):  # type: ignore[misc]
     ``DelayedResult(job_id, app=app)`` (what it does not know, it reads from
     the store when asked), or :func:`celery_delayed.lookup`, which checks
     that the job exists.
+
+    **A handle made inside the caller's transaction** (``apply_later(...,
+    connection=session)``) names a job that does not exist yet for anyone
+    else: its id, shard and due time are fixed, but its row is only in the
+    open transaction and Redis has nothing. Until the commit, ``indexed`` is
+    False and the job cannot be read, cancelled or rescheduled (``job()`` and
+    ``job_state`` raise :class:`~celery_delayed.errors.JobNotFound` saying
+    so; ``cancel()`` returns False). After the commit the job is indexed (a
+    ``Session``'s commit or Django's ``on_commit`` at once, a Core
+    ``Connection``'s by the scheduler's sweep within about a second) and the
+    handle works as any other; ``indexed`` becomes True. Rolled back, the job
+    never exists and ``indexed`` stays False.
     """
 
     def __init__(
@@ -51,10 +63,31 @@ class DelayedResult(AsyncResult):  # type: ignore[misc]
         self.shard = shard
         self.due_ms = due_ms
         self.created = created
-        #: With a database: False when the job's row is committed but Redis could not be reached to index
-        #: it yet (the scheduler indexes it when Redis is back); None while a caller's transaction has not
-        #: committed it. True otherwise.
-        self.indexed: bool | None = True
+        self._indexed = True
+        #: Made inside the caller's transaction (``connection=``): see the class docstring.
+        self.in_transaction = False
+
+    @property
+    def indexed(self) -> bool:
+        """Whether the job is in Redis, the time index that releases it (always True without a database).
+
+        With a database it is False while the job is only a row: before the
+        caller's transaction commits, or when Redis could not be reached to
+        index it (the scheduler indexes it when Redis is back). A handle that
+        was not yet indexed asks the store when read (one lookup, until it is
+        True); Redis unreachable reads as False.
+        """
+        if not self._indexed:
+            try:
+                self.shard = self.store.lookup.locate(self.id, self.shard)
+                self._indexed = True
+            except (JobNotFound, StoreUnavailable):
+                return False
+        return True
+
+    @indexed.setter
+    def indexed(self, value: bool) -> None:
+        self._indexed = bool(value)
 
     @property
     def on_ready(self) -> Any:
@@ -101,8 +134,19 @@ class DelayedResult(AsyncResult):  # type: ignore[misc]
         return self.eta
 
     def job(self) -> dict[str, str]:
-        """Return the job's record: state (``st``), due time, task, queue, timestamps."""
-        return self.store.lookup.get(self.id, self.shard)
+        """Return the job's record: state (``st``), due time, task, queue, timestamps.
+
+        Raises:
+            JobNotFound: no such job; or (a handle made in the caller's
+                transaction) not yet, its transaction has not committed.
+        """
+        try:
+            return self.store.lookup.get(self.id, self.shard)
+        except JobNotFound:
+            if self.in_transaction and not self._indexed:
+                raise JobNotFound(self.id, "not in the store yet: it is a row of the caller's transaction, indexed "
+                                           "once that commits; rolled back, it never exists") from None
+            raise
 
     @property
     def job_state(self) -> str:

@@ -29,9 +29,12 @@ def reshard(ctx: click.Context, shards: int, wait_s: float, as_json: bool) -> No
         store = get_store(app)
         rows = None
         if store.config.database_url:
-            from ..sql.rows import get_rows  # an optional extra: only with a database
+            from ..sql.binding import ensure_bound  # an optional extra: only with a database
+            from ..sql.rows import get_rows
 
             rows = get_rows(app)
+            assert rows is not None
+            ensure_bound(store, rows, max_age_s=0)  # the rows of a database bound to another store are not moved
         resharder = Resharder(store, rows, progress=lambda line: click.echo(line, err=True))
         report = resharder.run(shards, wait_s=wait_s)
     click.echo(report_json(report) if as_json else describe(report))

@@ -12,7 +12,7 @@ import click
 from celery import Celery
 
 from ..config import get_config
-from ..errors import StoreUnavailable
+from ..errors import ConfigurationError, DatabaseUnavailable, StoreUnavailable
 from ..store import ServerHealth, ShardStatus, Store, get_store
 from ._common import app_of, delayed, errors, fmt_ms
 
@@ -91,13 +91,15 @@ def status(ctx: click.Context, as_json: bool) -> None:
         except Exception:  # INFO refused (an ACL user): said by the warnings
             replication, where = None, ""
         mirror = _mirror_lag(store) if store.config.database_url else None
+        database = _database(store) if store.config.database_url else None
         paused = store.jobs.pauses()
         recurring = store.schedules.all()
     scheds = {"count": len(recurring), "paused": sum(1 for r in recurring if r.paused)}
     path, why = store.layout.release_path
     if as_json:
         click.echo(json.dumps({"shards": rows, "schedulers": members, "warnings": warnings, "mirror": mirror,
-                               "eta_fallbacks": fallbacks.as_dict(), "paused": paused, "schedules": scheds,
+                               "database": database, "eta_fallbacks": fallbacks.as_dict(), "paused": paused,
+                               "schedules": scheds,
                                "replication": replication, "release_path": path, "release_path_reason": why,
                                "cluster": store.redis.cluster, "layout_shards": store.layout.shards,
                                "resharding_from": store.layout.moving_from}))
@@ -118,6 +120,9 @@ def status(ctx: click.Context, as_json: bool) -> None:
     if store.layout.moving_from is not None:
         click.echo(f"RESHARD in progress: {store.layout.moving_from} -> {store.layout.shards} shards "
                    f"(`delayed reshard --shards {store.layout.shards}` finishes it)")
+    if database is not None and database["problem"] is None:
+        click.echo(f"database: {database['url']}, " + (f"bound to {database['bound_to']}" if database["bound_to"]
+                                                        else "not bound to a store yet"))
     if mirror is not None:
         lag = mirror["lag_s"]
         click.echo(f"database mirror: {mirror['pending_changes']} change(s) not yet applied"
@@ -133,6 +138,23 @@ def status(ctx: click.Context, as_json: bool) -> None:
         click.echo("paused: " + ", ".join(f"{flag} (since {fmt_ms(since)})" for flag, since in sorted(paused.items())))
     for w in warnings:
         click.echo(f"WARNING: {w}")
+    if database is not None and database["problem"] is not None:
+        click.echo(f"WARNING: database: {database['problem']}")
+
+
+def _database(store: Store) -> dict[str, Any]:
+    """The database for ``delayed status``: the store it is bound to, or what is wrong with it (read only)."""
+    from ..sql.binding import binding_problem, describe  # SQLAlchemy is an optional extra
+    from ..sql.rows import get_rows
+
+    rows = get_rows(store.app)
+    assert rows is not None
+    try:
+        rows.check_schema()
+        held, problem = binding_problem(store, rows)
+    except (ConfigurationError, DatabaseUnavailable) as exc:
+        return {"url": rows.url_shown, "bound_to": None, "problem": str(exc)}
+    return {"url": rows.url_shown, "bound_to": describe(held) if held else None, "problem": problem}
 
 
 def _mirror_lag(store: Store) -> dict[str, Any]:

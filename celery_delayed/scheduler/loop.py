@@ -386,11 +386,13 @@ class Scheduler(BackgroundThread):
                 raise
             raise ConfigurationError(f"delayed_schedule: {exc}") from exc
         if self.config.database_url:
-            from ..sql.rows import get_rows  # SQLAlchemy is an optional extra
+            from ..sql.binding import ensure_bound  # SQLAlchemy is an optional extra
+            from ..sql.rows import get_rows
 
             rows = get_rows(self.app)
             assert rows is not None
             rows.check_schema()
+            ensure_bound(self.store, rows, max_age_s=0)  # a database bound to another store: never join
         warnings = []
         for f in store_findings(self.store):
             if f.level == "ok":

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from ..errors import ConfigurationError
 from ..reconciler import Reconciler
 from ..store import Store
 from ..threads import BackgroundThread
@@ -45,6 +46,8 @@ RECONCILER_SHARD = 0
 SWEEP_OVERLAP_MS = 10_000
 #: Held shards whose change log is applied in turn each round, beside those released from.
 MIRROR_TURN = 2
+#: Seconds between two rounds while a setting is wrong (said as an ERROR each time).
+CONFIG_RETRY_S = 30.0
 
 
 class Maintenance(BackgroundThread):
@@ -91,12 +94,24 @@ class Maintenance(BackgroundThread):
         self.tick()
 
     def on_error(self, exc: Exception) -> float:
-        """Log a failed round; the next one, ``TICK_S`` later, tries again (the store's state is the truth)."""
+        """Log a failed round; the next one, ``TICK_S`` later, tries again (the store's state is the truth).
+
+        A wrong setting (the database bound to another store since this
+        scheduler started) is an ERROR, said again every ``CONFIG_RETRY_S``
+        until it is put right: the rows are left alone meanwhile.
+        """
+        if isinstance(exc, ConfigurationError):
+            logger.error("scheduler maintenance stopped: %s", exc)
+            return CONFIG_RETRY_S
         logger.warning("scheduler maintenance: %s", exc, exc_info=not isinstance(exc, ConnectionError))
         return TICK_S
 
     def tick(self) -> None:
         """One round: mirror the held shards; holding shard 0, sweep, and reconcile when it is time."""
+        if self.rows is not None:
+            from ..sql.binding import ensure_bound  # SQLAlchemy is an optional extra
+
+            ensure_bound(self.store, self.rows)  # the rows of a database bound to another store: left alone
         if self.mirror is not None:
             self.mirror.apply(self._mirror_shards())
         if RECONCILER_SHARD not in self.held_shards():

@@ -16,7 +16,10 @@
 A rolled-back transaction leaves no job anywhere. A process that dies
 between the commit and the Redis write leaves a row the sweep (or the
 reconciler) indexes. Redis down at step 3: the call still succeeds, the
-handle says ``indexed`` False, and the job is indexed when Redis is back.
+handle says ``indexed`` False, and the job is indexed when Redis is back
+(the handle's ``indexed`` turns True then). What a handle made inside the
+caller's transaction means before the commit: see
+:class:`~celery_delayed.result.DelayedResult`.
 Database down: :class:`~celery_delayed.errors.DatabaseUnavailable`, nothing
 written anywhere.
 """
@@ -36,6 +39,7 @@ from ..producer.prepare import Prepared
 from ..result import DelayedResult
 from ..store import NewJob, Store
 from ..vocab import Field, JobState
+from .binding import ensure_bound
 from .rows import JobRows, Row, key_hash
 
 logger = logging.getLogger("celery_delayed.outbox")
@@ -49,6 +53,7 @@ def store_with_rows(app: Celery, store: Store, rows: JobRows, prepared: Sequence
                     connection: Any = None) -> list[DelayedResult]:
     """Write the jobs' rows, then index them in Redis (see the module docstring); return their handles."""
     rows.check_schema()
+    ensure_bound(store, rows)  # the rows of a database bound to another store are not this store's to write
     for _ in range(3):
         try:
             return _store(store, rows, prepared, connection)
@@ -83,18 +88,27 @@ def _store(store: Store, rows: JobRows, prepared: Sequence[Prepared], connection
         new.append((i, p, generation))
     values = [rows.values(p.job, now, gen) for _, p, gen in new]
     jobs = [p.job for _, p, _ in new]
-    indexed: bool | None = None
-    if connection is None:
-        _write(rows, values, None)
-        indexed = _index(store, jobs)
-    else:
-        _write_in(connection, rows, values, lambda: _index(store, jobs))
     out: list[DelayedResult] = [None] * len(prepared)  # type: ignore[list-item]
+    made: list[DelayedResult] = []
     for i, p, _ in new:
         due = p.job.due
         due_ms = int(due[1:]) + now if due.startswith("+") else int(due)
         out[i] = DelayedResult(p.job.id, store=store, shard=p.job.shard, due_ms=due_ms, created=True)
-        out[i].indexed = indexed
+        out[i].in_transaction = connection is not None
+        made.append(out[i])
+
+    def index() -> None:
+        indexed = _index(store, jobs)
+        for h in made:
+            h.indexed = indexed  # False: the handle asks the store when read (the sweep indexes the row)
+
+    if connection is None:
+        _write(rows, values, None)
+        index()
+    else:
+        for h in made:
+            h.indexed = False  # until the commit (see DelayedResult)
+        _write_in(connection, rows, values, index)
     for i, row in found.items():
         out[i] = DelayedResult(row.id, store=store, shard=row.shard, due_ms=row.due_ms, created=False)
     return out

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from celery import Celery
-from sqlalchemy import Connection, Engine, and_, create_engine, delete, insert, or_, select, text, update
+from sqlalchemy import Connection, Engine, and_, delete, insert, or_, select, text, update
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, SQLAlchemyError
 
 from ..config import get_config
@@ -26,7 +26,8 @@ from ..errors import ConfigurationError, DatabaseUnavailable, DuplicateJob
 from ..redis_urls import redact
 from ..store import NewJob, rehome, shard_for
 from ..vocab import Field, JobState
-from .schema import SCHEMA_VERSION, jobs, metadata, schema
+from .schema import SCHEMA_VERSION, jobs, metadata, schema, stores
+from .urls import engine_for
 
 F = TypeVar("F", bound=Callable[..., Any])
 _SCHEMA_NAME = "celery_delayed"
@@ -82,6 +83,16 @@ class Row:
         return job if home == self.shard else rehome(job, home)
 
 
+@dataclass(frozen=True)
+class Binding:
+    """The store a database's rows of one prefix belong to (``delayed_stores``)."""
+
+    store_id: str
+    redis: str  # its Redis URL, passwords hidden
+    master: str | None  # its Sentinel master name
+    bound_ms: int
+
+
 def _row(r: Any) -> Row:
     return Row(r.id, r.shard, r.task, r.state, r.due_ms, json.loads(r.record), r.idempotency_key, r.generation,
                r.created_ms, r.attempts, r.finished_ms)
@@ -94,8 +105,10 @@ class JobRows:
         self.app = app
         self.prefix = get_config(app).key_prefix
         self.url_shown = redact(url)
-        self.engine = engine or create_engine(url, pool_pre_ping=True, future=True)
+        self.engine = engine or engine_for(url)
         self._schema_ok = False
+        #: When this process last found the rows bound to its store (monotonic; 0: not yet): ``binding.py``.
+        self.bound_at = 0.0
 
     # -- schema ------------------------------------------------------------------------
 
@@ -172,6 +185,40 @@ class JobRows:
         with self.engine.begin() as conn:
             conn.execute(text(f"ANALYZE {jobs.name}"))
         return True
+
+    # -- the store these rows belong to --------------------------------------------------------
+
+    @_translated
+    def binding(self) -> Binding | None:
+        """The store this prefix's rows belong to, or None (not bound yet)."""
+        with self.engine.connect() as conn:
+            r = conn.execute(select(stores).where(stores.c.prefix == self.prefix)).first()
+        return None if r is None else Binding(r.store_id, r.redis, r.master, r.bound_ms)
+
+    @_translated
+    def bind(self, binding: Binding, replacing: str | None = None) -> Binding:
+        """Bind this prefix's rows to a store; return the binding the database holds afterwards.
+
+        ``replacing`` None: only when none is held (another process's
+        binding, made first, wins and is returned). Otherwise: only while the
+        binding held is that store id's (a rebind, or the same store's new
+        address).
+        """
+        values = {"store_id": binding.store_id, "redis": binding.redis, "master": binding.master,
+                  "bound_ms": binding.bound_ms}
+        with self.engine.begin() as conn:
+            if replacing is None:
+                try:
+                    with conn.begin_nested():
+                        conn.execute(insert(stores).values(prefix=self.prefix, **values))
+                except IntegrityError:
+                    pass
+            else:
+                conn.execute(update(stores).where(stores.c.prefix == self.prefix, stores.c.store_id == replacing)
+                             .values(**values))
+        held = self.binding()
+        assert held is not None
+        return held
 
     # -- writing jobs -----------------------------------------------------------------------
 

@@ -25,6 +25,20 @@ and says what to do.
     finished_ms
     ===================  ========================================================
 
+``delayed_stores``
+    ===================  ========================================================
+    prefix               the store's ``delayed_key_prefix`` (key)
+    store_id             the id of the store (one Redis) whose jobs these rows are:
+                         a random id kept in that store's layout record
+    redis                the store's Redis URL (passwords hidden) when it was bound
+    master               its Sentinel master name, with a ``sentinel://`` URL
+    bound_ms             when it was bound
+    ===================  ========================================================
+
+    A database holds the rows of one store per prefix: a second store (another
+    Redis) given the same database and prefix is refused
+    (:mod:`celery_delayed.sql.binding`).
+
 Indexes: ``(prefix, state, id)`` for the reconciler's keyset scans,
 ``(prefix, created_ms)`` for the outbox sweep, and a unique
 ``(prefix, key_hash, generation)``: an idempotency key is used once per
@@ -44,8 +58,8 @@ from sqlalchemy import (
     Text,
 )
 
-#: The schema this celery-delayed writes; ``db init`` records it.
-SCHEMA_VERSION = 1
+#: The schema this celery-delayed writes; ``db init`` records it (2: ``delayed_stores`` added).
+SCHEMA_VERSION = 2
 
 metadata = MetaData()
 
@@ -77,4 +91,14 @@ schema = Table(
     metadata,
     Column("name", String(64), primary_key=True),
     Column("version", Integer, nullable=False),
+)
+
+stores = Table(
+    "delayed_stores",
+    metadata,
+    Column("prefix", String(128), primary_key=True),
+    Column("store_id", String(64), nullable=False),
+    Column("redis", Text, nullable=False),
+    Column("master", String(255), nullable=True),
+    Column("bound_ms", BigInteger, nullable=False),
 )

@@ -55,7 +55,9 @@ and, outside any shard::
                                               scheduler must share ("lease_ms=30000")
     {prefix}:layout                    HASH   shards, bucket_ms: recorded when the store is created;
                                               shards changes only by ``delayed reshard`` (and
-                                              ``from``, the old count, while it moves jobs)
+                                              ``from``, the old count, while it moves jobs);
+                                              store_id: the random id a database's rows are
+                                              bound to (``sql/binding.py``)
     {prefix}:schedules                 SET    names of every recurring schedule (the schedulers
                                               read it every few seconds instead of each shard's)
     {prefix}:wake                      PUBSUB "<shard>:<due_ms>" when a job is due earlier

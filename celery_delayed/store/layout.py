@@ -1,6 +1,8 @@
 """The shard layout: how many shards hold jobs, read from the store and followed through a reshard.
 
-The store records its ``shards`` and ``bucket_ms`` when it is first used;
+The store records its ``shards`` and ``bucket_ms`` when it is first used
+(and, with a database, the ``store_id`` the database is bound to:
+:mod:`celery_delayed.sql.binding`);
 every producer, scheduler and worker of one store must agree with it
 (:meth:`ShardLayout.check`), and follows a reshard without a restart
 (:meth:`ShardLayout.reload`). It also decides the release path (direct or
@@ -179,6 +181,20 @@ class ShardLayout:
             return "" if theirs == ours else "a different Redis server or database"
         except (ResponseError, ValueError) as exc:
             return f"not a Redis server this store can verify ({exc})"
+
+    def identity(self) -> str | None:
+        """The store's id: a random id written once into its layout record (with a database, which is
+        bound to it); None when it has none (a store never bound to a database, or one that lost its data)."""
+        got: str | None = self.redis.client.hget(self.keys.layout, "store_id")  # type: ignore[assignment]
+        return got
+
+    def claim_identity(self, store_id: str) -> str:
+        """Make ``store_id`` the store's id unless it has one already; return the id it has."""
+        pipe = self.redis.client.pipeline(transaction=False)
+        pipe.hsetnx(self.keys.layout, "store_id", store_id)
+        pipe.hget(self.keys.layout, "store_id")
+        got: str = pipe.execute()[-1]
+        return got
 
     def recorded(self) -> dict[str, str]:
         """The ``shards`` and ``bucket_ms`` recorded when the store was created (empty: none yet); reads only."""

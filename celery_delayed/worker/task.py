@@ -147,9 +147,9 @@ class DelayedTask(Task):  # type: ignore[misc]
         and indexed in Redis at its ``on_commit``: a rolled-back transaction
         leaves no job, a committed one always gets it (a process that dies
         right after the commit leaves the row to the scheduler). The handle is
-        returned (``indexed`` None until the commit). Without a database the
-        whole ``apply_later`` runs at ``on_commit`` and None is returned, as
-        Celery's ``delay_on_commit`` does.
+        returned (``indexed`` False until the commit: see ``DelayedResult``).
+        Without a database the whole ``apply_later`` runs at ``on_commit`` and
+        None is returned, as Celery's ``delay_on_commit`` does.
         """
         from django.db import DEFAULT_DB_ALIAS, connections, transaction
 

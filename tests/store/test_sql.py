@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 from support import RedisServer, free_port, make_app
 
 from celery_delayed import ConfigurationError, DuplicateJob, apply_later, apply_later_many, get_store
-from celery_delayed.errors import DatabaseUnavailable
+from celery_delayed.errors import DatabaseUnavailable, JobNotFound
 from celery_delayed.reconciler import Reconciler
 from celery_delayed.sql.rows import get_rows
 from celery_delayed.sql.schema import SCHEMA_VERSION, jobs, schema
@@ -104,8 +104,9 @@ def test_redis_down_scheduling_still_succeeds_and_is_indexed_later(uid: str, dat
     h = apply_later(app, TASK, when=0, strict=False)
     assert h.indexed is False and row(app, h.id).state == "SCHEDULED"  # the row is the job
     with RedisServer(port=port) as _server:
+        assert h.indexed is False  # Redis is back, the job is not indexed yet
         Reconciler(app).sweep_outbox(0)
-        assert get_store(app).lookup.get(h.id)["st"] == "SCHEDULED"
+        assert get_store(app).lookup.get(h.id)["st"] == "SCHEDULED" and h.indexed is True
     rows.dispose()
 
 
@@ -125,14 +126,21 @@ def test_session_outbox_commit_indexes_rollback_leaves_nothing(dapp: Any, databa
         session.execute(text("SELECT 1"))
         h = apply_later(dapp, TASK, when=60, strict=False, connection=session)
         assert store.lookup.record_states(h.shard, [h.id])[h.id] is None  # not before the commit
+        # before the commit the handle names a job that does not exist yet: it says so (it was None, then
+        # stayed None after the commit; job_state raised a bare JobNotFound)
+        assert h.indexed is False and h.created
+        with pytest.raises(JobNotFound, match="a row of the caller's transaction, indexed once that commits"):
+            h.job_state  # noqa: B018
         session.commit()
     assert store.lookup.get(h.id)["st"] == "SCHEDULED" and row(dapp, h.id).state == "SCHEDULED"
+    assert h.indexed is True and h.job_state == "SCHEDULED"
     with Session(engine) as session:
         gone = apply_later(dapp, TASK, when=60, strict=False, connection=session)
         session.rollback()
     assert store.lookup.record_states(gone.shard, [gone.id])[gone.id] is None and row(dapp, gone.id) is None
     Reconciler(dapp).sweep_outbox(0)
     assert store.lookup.record_states(gone.shard, [gone.id])[gone.id] is None  # the job never existed
+    assert gone.indexed is False
     engine.dispose()
 
 
@@ -141,13 +149,14 @@ def test_core_connection_outbox_is_indexed_by_the_sweep(dapp: Any, database_url:
     store = get_store(dapp)
     with engine.connect() as conn:
         h = apply_later(dapp, TASK, when=60, strict=False, connection=conn)
-        assert h.indexed is None
+        assert h.indexed is False
         conn.commit()
+    assert h.indexed is False  # committed: the sweep indexes it (a Core Connection has no after-commit hook)
     with engine.connect() as conn:
         lost = apply_later(dapp, TASK, when=60, strict=False, connection=conn)
         conn.rollback()
     assert Reconciler(dapp).sweep_outbox(0) > 0
-    assert store.lookup.get(h.id)["st"] == "SCHEDULED"
+    assert store.lookup.get(h.id)["st"] == "SCHEDULED" and h.indexed is True
     assert store.lookup.record_states(lost.shard, [lost.id])[lost.id] is None and row(dapp, lost.id) is None
     engine.dispose()
 
@@ -168,17 +177,18 @@ def test_the_mirror_carries_state_changes_to_the_rows(dapp: Any) -> None:
     assert c.cancel()
     pending, oldest = store.changes.lag(a.shard)
     assert pending >= 1 and oldest is not None
+    # another store's rows (another prefix) in the same database, one with the same job id as a: untouched
+    with rows.engine.begin() as conn:
+        conn.execute(insert(jobs).values(**(rows.values(store_job(dapp), 0) | {"prefix": "other", "id": a.id})))
     mirror = Mirror(store, rows)
     mirror.apply(list(range(store.config.shards)))
     assert [row(dapp, x.id).state for x in (a, b, c)] == ["SUCCEEDED", "QUEUED", "CANCELLED"]
     done = row(dapp, a.id)
     assert done.attempts == 1 and done.finished_ms is not None and done.finished_ms >= done.created_ms - 1000
     assert all(store.changes.lag(s)[0] == 0 for s in range(store.config.shards))
-    # rows of other stores are not touched
-    engine = rows.engine
-    with engine.begin() as conn:
-        conn.execute(insert(jobs).values(**(rows.values(store_job(dapp), 0) | {"prefix": "other"})))
-        assert conn.execute(select(jobs.c.state).where(jobs.c.prefix == "other")).scalar() == "SCHEDULED"
+    with rows.engine.connect() as conn:
+        other = conn.execute(select(jobs).where(jobs.c.prefix == "other")).one()
+    assert (other.id, other.state, other.attempts, other.finished_ms) == (a.id, "SCHEDULED", 0, None)
 
 
 def store_job(app: Any) -> Any:
@@ -214,3 +224,49 @@ def test_a_pass_gives_the_planner_statistics_after_a_bulk_load(dapp: Any, databa
             engine.dispose()
     report = Reconciler(dapp, dry_run=True).run_pass()
     assert report.scanned_rows == 3000 and report.reindexed == 0
+
+
+def test_the_reconciler_adopts_drops_and_reports_drift(dapp: Any, redis_url: str, uid: str) -> None:
+    """Redis jobs without a row: adopted (a row written from the record) once older than the grace period, or
+    dropped when the outbox flagged them (indexed at a Core Connection's commit that never completed); a row
+    whose state differs from Redis's is counted as drift and left to the mirror."""
+    import dataclasses
+
+    from celery_delayed.reconciler import GRACE_MS
+    from celery_delayed.vocab import Field
+
+    store = get_store(dapp)
+    rows = get_rows(dapp)
+    assert rows is not None
+    plain = make_app(redis_url, uid)  # the same store without the database: its jobs have no row
+    lone = apply_later(plain, TASK, args=(7, "ü"), when=3600, strict=False, idempotency_key="lone-1")
+    flagged = dataclasses.replace(store_job(dapp), fields={**store_job(dapp).fields, Field.OUTBOX: "1"})
+    flagged = dataclasses.replace(flagged, id=f"flagged-{uid}", shard=store.layout.shard_of(f"flagged-{uid}"))
+    store.jobs.schedule([flagged])
+    drifted = apply_later(dapp, TASK, when=0, strict=False)
+    assert store.release.release_due(drifted.shard).count == 1  # QUEUED in Redis; the row says SCHEDULED
+    now = store.redis.now_ms()
+
+    young = Reconciler(dapp).run_pass(now_ms=now)  # within the grace period: their rows may be on their way
+    assert (young.adopted, young.dropped, young.drift, young.reindexed) == (0, 0, 1, 0), young
+    assert rows.get(lone.id) is None and store.lookup.get(flagged.id)["st"] == "SCHEDULED"
+
+    dry = Reconciler(dapp, dry_run=True).run_pass(now_ms=now + GRACE_MS + 1_000)
+    assert (dry.adopted, dry.dropped) == (1, 1) and rows.get(lone.id) is None  # said, not done
+
+    report = Reconciler(dapp).run_pass(now_ms=now + GRACE_MS + 1_000)
+    assert (report.adopted, report.dropped, report.drift, report.reindexed) == (1, 1, 1, 0), report
+    assert {f"adopted: {lone.id}", f"dropped (never committed): {flagged.id}"} <= set(report.details)
+    adopted = rows.get(lone.id)
+    assert adopted is not None
+    assert (adopted.state, adopted.shard, adopted.task, adopted.idempotency_key) == (
+        "SCHEDULED", lone.shard, TASK, "lone-1")
+    assert adopted.due_ms == int(float(store.lookup.get(lone.id)["due"]))
+    assert json.loads(adopted.record["msg"])["headers"]["id"] == lone.id  # the row rebuilds the job alone
+    assert store.lookup.get(flagged.id)["st"] == "CANCELLED"  # out of the schedule: it is never released
+    assert flagged.id not in {j for ids in store.lookup.scheduled_pages(flagged.shard) for j in ids}
+    assert rows.get(flagged.id) is None
+    assert rows.get(drifted.id).state == "SCHEDULED"  # drift is reported; the mirror carries the change
+
+    again = Reconciler(dapp).run_pass(now_ms=now + GRACE_MS + 2_000)
+    assert (again.adopted, again.dropped) == (0, 0)  # once
