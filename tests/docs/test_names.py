@@ -16,14 +16,15 @@ import pytest
 from celery_delayed.cli import delayed
 from celery_delayed.config import SETTINGS
 from celery_delayed.metrics import FAMILIES, PREFIX
+from celery_delayed.sql.schema import metadata
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").rglob("*.md") if "_build" not in p.parts)]
 
 #: ``delayed_*`` names that are not settings: the testing kit's fixtures, message headers, the database's
-#: tables, the docs' Sphinx extension.
+#: tables (read from the schema), the docs' Sphinx extension.
 NOT_SETTINGS = {"delayed_app", "delayed_kit", "delayed_clock", "delayed_store", "delayed_eta", "delayed_shard",
-                "delayed_jobs", "delayed_schema", "delayed_docs"}
+                "delayed_docs", *metadata.tables}
 #: The architecture page's recipe adds a script that does not exist: its example.
 EXAMPLE_SCRIPTS = {"park.lua"}
 
