@@ -132,7 +132,9 @@ def apply_later(
             arguments and options and moves it to this call's ``when``
             (keeping its id; ``created`` False), but never later than
             ``max_wait`` (seconds or a timedelta) after the key's first call.
-            Once it is released, the next call creates a new job.
+            It is released when it is due (never ``delayed_lookahead_ms``
+            early, so calls until then still reach it); once it is released,
+            the next call creates a new job.
         throttle_key: at most one job per key per ``window`` (seconds or a
             timedelta), counted from the call that created it; a call within
             the window returns that job (``created`` False) and changes nothing.

@@ -145,6 +145,8 @@ class Field:
     REQUEUED = "requeued"
     REQUEUED_AT = "requeued_at"
     GENERATION = "gen"
+    #: '1': a debounce key's job, released when it is due, never a look-ahead early
+    DEBOUNCED = "dk"
     REFUSED = "refused"
     COPIES = "rr"
     OUTBOX = "ob"

@@ -25,12 +25,13 @@ ARGV[9]  dead letters' max age, ms (misfire 'dead': the set is trimmed)
 ARGV[10] most dead letters this shard keeps
 ARGV[11] '1' to append to the change log (a database mirrors the store), '' not
 ARGV[12] look-ahead, ms: jobs due up to now + this are claimed, those not yet
-         due with Celery's `eta` set to their due time (includes/eta.lua)
+         due with Celery's `eta` set to their due time (includes/eta.lua);
+         a debounce key's job waits for its due time (as in release_due)
 
-Returns {code, claimed, skipped, next_due, now, then per claimed job:
+Returns {code, claimed, skipped, next_due, now, hold, then per claimed job:
 id, msg, exchange, routing_key, queue, ev, then per job not sent: id, state,
 reason}; code OK, or NOT_OWNER when the shard's lease is not held (nothing
-done); next_due as in release_due. Jobs that
+done); next_due and hold as in release_due. Jobs that
 expired or missed max_lateness are not claimed (see release_due: EXPIRED,
 SKIPPED, DEAD) and count as skipped.
 
@@ -50,16 +51,17 @@ steady, so a full store keeps draining.
 -- @include "eta"
 -- @include "compact"
 
-if not lease_ok(KEYS[4], ARGV[5], ARGV[6]) then return {NOT_OWNER, 0, 0, -1, 0} end
+if not lease_ok(KEYS[4], ARGV[5], ARGV[6]) then return {NOT_OWNER, 0, 0, -1, 0, -1} end
 local now = now_ms(ARGV[1])
 local prefix, limit, bucket_ms = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local deadline = now + tonumber(ARGV[7])
 local base = shard_base(KEYS[1])
 local paused = pauses(base)
-if paused and paused.all then return {OK, 0, 0, -1, now} end
+if paused and paused.all then return {OK, 0, 0, -1, now, -1} end
 local gone, late = {}, late_new()  -- leaving the pending index; release lateness
-local out = {OK, 0, 0, -1, now}
+local out = {OK, 0, 0, -1, now, -1}
 local claimed, skipped, dead = 0, 0, 0
+local hold = nil  -- the earliest due time of a debounce job put back (not yet due)
 local not_sent, claimed_ids, unsent_by_state = {}, {}, {}
 local ttl = tonumber(ARGV[8])
 local shard, tg = shard_no(KEYS[1]), string.format('%d', now)
@@ -123,12 +125,18 @@ for _, id in ipairs(stale) do
   end
 end
 
-local ids = take_due(KEYS[1], KEYS[2], bucket_ms, now + (tonumber(ARGV[12]) or 0), limit - claimed)
+local upto, room = now + (tonumber(ARGV[12]) or 0), limit - claimed
+local ids = take_due(KEYS[1], KEYS[2], bucket_ms, upto, room)
 for _, id in ipairs(ids) do
   local jk = prefix .. id
-  local st, due, task, q, tp, msg, b = unpack(redis.call('HMGET', jk, 'st', 'due', 'task', 'q', 'tp', 'msg', 'b'))
+  local st, due, task, q, tp, msg, b, dk = unpack(redis.call('HMGET', jk, 'st', 'due', 'task', 'q', 'tp', 'msg', 'b',
+    'dk'))
   task, q = route_of(base, task, q, tp)
-  if st == 'SCHEDULED' and paused and is_paused(paused, task, q) then  -- held back: stays pending
+  if dk and st == 'SCHEDULED' and tonumber(due) > now then  -- a debounce job waits for its due time
+    local d = tonumber(due)
+    due_add(KEYS[1], KEYS[2], id, d, bucket_ms)
+    if (not hold) or d < hold then hold = d end
+  elseif st == 'SCHEDULED' and paused and is_paused(paused, task, q) then  -- held back: stays pending
     redis.call('ZADD', base .. 'held', due, id)
     skipped = skipped + 1
   elseif st == 'SCHEDULED' and (msg or b) then
@@ -155,9 +163,14 @@ if dead > 0 then
 end
 local e = earliest(KEYS[1], KEYS[2], bucket_ms)
 local s = redis.call('ZRANGE', KEYS[5], 0, 0, 'WITHSCORES')
-if #s > 0 and ((not e) or tonumber(s[2]) < e) then e = tonumber(s[2]) end
+local s1 = #s > 0 and tonumber(s[2])
+if s1 and ((not e) or s1 < e) then e = s1 end
 set_next(KEYS[3], e)
-out[2], out[3], out[4] = claimed, skipped, e or -1
+if hold then
+  e = next_visit(KEYS[1], KEYS[2], bucket_ms, now, upto, room > 0 and #ids >= room and claimed + skipped > 0)
+  if s1 and ((not e) or s1 < e) then e = s1 end
+end
+out[2], out[3], out[4], out[6] = claimed, skipped, e or -1, hold or -1
 for _, v in ipairs(not_sent) do out[#out + 1] = v end
 log_change(KEYS[7], ARGV[11], 'CLAIMED', claimed_ids)
 for state, ids in pairs(unsent_by_state) do log_change(KEYS[7], ARGV[11], state, ids) end

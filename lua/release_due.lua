@@ -27,7 +27,9 @@ ARGV[10] dead letters' max age, ms (misfire 'dead' trims the dead-letter set)
 ARGV[11] most dead letters this shard keeps
 ARGV[12] '1' to append to the change log (a database mirrors the store), '' not
 ARGV[13] look-ahead, ms: jobs due up to now + this are released, those not yet
-         due with Celery's `eta` set to their due time (includes/eta.lua)
+         due with Celery's `eta` set to their due time (includes/eta.lua);
+         except a debounce key's job (record field `dk`): it stays in the due
+         index until it is due, so that a later call can still replace it
 
 A record's routing fields: lk = the list key to LPUSH (anonymous exchange:
 global_keyprefix + queue + priority suffix); or bx = the exchange's binding
@@ -36,10 +38,14 @@ to every bound queue whose routing key matches, as kombu's DirectExchange;
 none bound: kombu's dead-letter queue, ARGV[9]). A record with neither
 (stored for the publish path) is pushed to global_keyprefix + q.
 
-Returns {code, released, skipped, next_due, now, id1, ev1, ..., idN, evN,
-then per job not sent: id, state, reason}: code OK, or NOT_OWNER when the
-shard's lease is not held (nothing done); next_due = the earliest due time
-left in the shard, -1 when none; evN = the job's stored task-sent event
+Returns {code, released, skipped, next_due, now, hold, id1, ev1, ..., idN,
+evN, then per job not sent: id, state, reason}: code OK, or NOT_OWNER when
+the shard's lease is not held (nothing done); next_due = the earliest due time
+left in the shard, -1 when none; hold = -1, or, when debounce jobs in the
+look-ahead were put back to wait for their due time, the earliest of their
+due times: the caller comes back then for them, and next_due leaves them out
+(it is now when the batch was full: next_visit in includes/due_index.lua);
+evN = the job's stored task-sent event
 fields ('' when the app sends no such events). Skipped jobs were cancelled (or
 otherwise no longer SCHEDULED) and are only unindexed, or were not sent
 because they expired (Celery's `expires`: state EXPIRED) or missed
@@ -66,18 +72,20 @@ steady, so a full store keeps draining.
 -- @include "eta"
 -- @include "compact"
 
-if not lease_ok(KEYS[4], ARGV[5], ARGV[6]) then return {NOT_OWNER, 0, 0, -1, 0} end
+if not lease_ok(KEYS[4], ARGV[5], ARGV[6]) then return {NOT_OWNER, 0, 0, -1, 0, -1} end
 local now = now_ms(ARGV[1])
 local prefix, limit, bucket_ms = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local ttl, gkp, dead_queue = tonumber(ARGV[7]), ARGV[8], ARGV[9]
 local base = shard_base(KEYS[1])
 local shard, tg = shard_no(KEYS[1]), string.format('%d', now)
 local paused = pauses(base)
-if paused and paused.all then return {OK, 0, 0, -1, now} end
+if paused and paused.all then return {OK, 0, 0, -1, now, -1} end
 local gone, late = {}, late_new()  -- leaving the pending index; release lateness
-local ids = take_due(KEYS[1], KEYS[2], bucket_ms, now + (tonumber(ARGV[13]) or 0), limit)
-local out = {OK, 0, 0, -1, now}
+local upto = now + (tonumber(ARGV[13]) or 0)
+local ids = take_due(KEYS[1], KEYS[2], bucket_ms, upto, limit)
+local out = {OK, 0, 0, -1, now, -1}
 local released, skipped, dead = 0, 0, 0
+local hold = nil  -- the earliest due time of a debounce job put back (not yet due)
 local not_sent, sent_ids, unsent_by_state = {}, {}, {}
 local batches, lists = {}, {}
 local rel = {}  -- released jobs not yet in the released index: due, id, ...
@@ -98,81 +106,89 @@ for _, id in ipairs(ids) do
   -- publish-path fallback, due for a misfire check) only when they matter:
   -- fewer fields read per job is a measurably faster release.
   local r = redis.call('HMGET', jk, 'st', 'msg', 'lk', 'ev', 'exp', 'ml', 'mf', 'due', 'task', 'q',
-    'tp', 'b', 'a', 'k', 'e', 'i', 'r', 'pa')
+    'tp', 'b', 'a', 'k', 'e', 'i', 'r', 'pa', 'dk')
   local st, msg, lk, ev, exp, ml, mf, due, task, q = unpack(r, 1, 10)
-  local t, lost = false, false  -- a compact record's template
-  if r[11] and r[12] and not msg then
-    t = template(base, r[11])
-    if t then task, q, lk = t.r.task, t.r.q, t.r.lk else lost = st == 'SCHEDULED' end
-  end
-  local sendable = st == 'SCHEDULED' and (msg or t or lost)
-  if st == 'SCHEDULED' then
-    if paused and is_paused(paused, task, q) then  -- held back: stays pending, out of the due set
-      redis.call('ZADD', base .. 'held', due, id)
-      sendable = false
-    else
-      ix_push(gone, task, q, id)
-    end
-  end
-  local bx, rk, ps = false, false, false
-  if sendable and not lk then
-    if t then bx, rk, ps = t.r.bx, t.r.rk, t.r.ps else bx, rk, ps = unpack(redis.call('HMGET', jk, 'bx', 'rk', 'ps')) end
-  end
-  local unsent, why = nil, nil
-  if lost then
-    unsent, why = 'DEAD', LOST_TEMPLATE
-  elseif sendable then
-    unsent, why = unsendable(now, due, exp, ml, mf)
-    local due_n = tonumber(due)
-    local early = due_n > now
-    if t then
-      msg = render_job(t, id, shard, r[13], r[14], r[12], r[15], r[16], r[17], r[18], due, tg,
-        early and ('"' .. iso_utc(due_n) .. '"') or nil)
-    elseif early then
-      msg = early_eta(msg, due_n)
-    end
-  end
-  if unsent then
-    if t then  -- it leaves the pending state: its record names its task and queue; a dead letter keeps its message
-      redis.call('HSET', jk, 'task', task, 'q', q)
-      if unsent == 'DEAD' then redis.call('HSET', jk, 'msg', msg) end
-    end
-    mark_unsent(jk, KEYS[5], id, unsent, why, now, ttl)
-    not_sent[#not_sent + 1] = id; not_sent[#not_sent + 1] = unsent; not_sent[#not_sent + 1] = why
-    unsent_by_state[unsent] = unsent_by_state[unsent] or {}
-    table.insert(unsent_by_state[unsent], id)
-    skipped = skipped + 1
-    if unsent == 'DEAD' then dead = dead + 1 end
-  -- A record stored without lk/bx (scheduled by an app on the publish path)
-  -- goes to its queue's list: a script error here would lose the whole batch.
-  elseif sendable and (lk or bx or q) then
-    if lk then
-      local batch = batches[lk]  -- pushed at the end, one LPUSH per list: same order, fewer calls
-      if not batch then batch = {}; batches[lk] = batch; lists[#lists + 1] = lk end
-      batch[#batch + 1] = msg
-    else
-      flush()
-      local lists = dest_lists(gkp, false, bx, rk, ps, q, dead_queue)
-      for _, list in ipairs(lists) do redis.call('LPUSH', list, msg) end
-      if #lists == 0 then redis.call('HSET', jk, 'reason', 'UNROUTABLE') end
-    end
-    -- The message stays until the job starts: the reconciler sends it again if the broker loses it.
-    if t then  -- its record names its task and queue from now on, and the tag its message went with
-      redis.call('HSET', jk, 'st', 'QUEUED', 'released', now, 'task', task, 'q', q, 'tg', tg)
-    else
-      redis.call('HSET', jk, 'st', 'QUEUED', 'released', now)
-    end
-    redis.call('PEXPIRE', jk, ttl)
-    -- the released index, one ZADD per 256 jobs (see flush_released)
-    rel[#rel + 1] = due or redis.call('HGET', jk, 'due'); rel[#rel + 1] = id
-    if #rel >= 512 then flush_released() end
-    sent_ids[#sent_ids + 1] = id
-    released = released + 1
-    late_add(late, math.max(0, now - tonumber(due)))  -- released early: not late
-    out[#out + 1] = id
-    out[#out + 1] = ev or ''
+  if r[19] and st == 'SCHEDULED' and tonumber(due) > now then
+    -- A debounce key's job goes when it is due, not a look-ahead before: until then a
+    -- later call may still replace it. Back into the due index, as it was.
+    local d = tonumber(due)
+    due_add(KEYS[1], KEYS[2], id, d, bucket_ms)
+    if (not hold) or d < hold then hold = d end
   else
-    skipped = skipped + 1
+    local t, lost = false, false  -- a compact record's template
+    if r[11] and r[12] and not msg then
+      t = template(base, r[11])
+      if t then task, q, lk = t.r.task, t.r.q, t.r.lk else lost = st == 'SCHEDULED' end
+    end
+    local sendable = st == 'SCHEDULED' and (msg or t or lost)
+    if st == 'SCHEDULED' then
+      if paused and is_paused(paused, task, q) then  -- held back: stays pending, out of the due set
+        redis.call('ZADD', base .. 'held', due, id)
+        sendable = false
+      else
+        ix_push(gone, task, q, id)
+      end
+    end
+    local bx, rk, ps = false, false, false
+    if sendable and not lk then
+      if t then bx, rk, ps = t.r.bx, t.r.rk, t.r.ps else bx, rk, ps = unpack(redis.call('HMGET', jk, 'bx', 'rk', 'ps')) end
+    end
+    local unsent, why = nil, nil
+    if lost then
+      unsent, why = 'DEAD', LOST_TEMPLATE
+    elseif sendable then
+      unsent, why = unsendable(now, due, exp, ml, mf)
+      local due_n = tonumber(due)
+      local early = due_n > now
+      if t then
+        msg = render_job(t, id, shard, r[13], r[14], r[12], r[15], r[16], r[17], r[18], due, tg,
+          early and ('"' .. iso_utc(due_n) .. '"') or nil)
+      elseif early then
+        msg = early_eta(msg, due_n)
+      end
+    end
+    if unsent then
+      if t then  -- it leaves the pending state: its record names its task and queue; a dead letter keeps its message
+        redis.call('HSET', jk, 'task', task, 'q', q)
+        if unsent == 'DEAD' then redis.call('HSET', jk, 'msg', msg) end
+      end
+      mark_unsent(jk, KEYS[5], id, unsent, why, now, ttl)
+      not_sent[#not_sent + 1] = id; not_sent[#not_sent + 1] = unsent; not_sent[#not_sent + 1] = why
+      unsent_by_state[unsent] = unsent_by_state[unsent] or {}
+      table.insert(unsent_by_state[unsent], id)
+      skipped = skipped + 1
+      if unsent == 'DEAD' then dead = dead + 1 end
+    -- A record stored without lk/bx (scheduled by an app on the publish path)
+    -- goes to its queue's list: a script error here would lose the whole batch.
+    elseif sendable and (lk or bx or q) then
+      if lk then
+        local batch = batches[lk]  -- pushed at the end, one LPUSH per list: same order, fewer calls
+        if not batch then batch = {}; batches[lk] = batch; lists[#lists + 1] = lk end
+        batch[#batch + 1] = msg
+      else
+        flush()
+        local lists = dest_lists(gkp, false, bx, rk, ps, q, dead_queue)
+        for _, list in ipairs(lists) do redis.call('LPUSH', list, msg) end
+        if #lists == 0 then redis.call('HSET', jk, 'reason', 'UNROUTABLE') end
+      end
+      -- The message stays until the job starts: the reconciler sends it again if the broker loses it.
+      if t then  -- its record names its task and queue from now on, and the tag its message went with
+        redis.call('HSET', jk, 'st', 'QUEUED', 'released', now, 'task', task, 'q', q, 'tg', tg)
+      else
+        redis.call('HSET', jk, 'st', 'QUEUED', 'released', now)
+      end
+      redis.call('PEXPIRE', jk, ttl)
+      -- the released index, one ZADD per 256 jobs (see flush_released)
+      rel[#rel + 1] = due or redis.call('HGET', jk, 'due'); rel[#rel + 1] = id
+      if #rel >= 512 then flush_released() end
+      sent_ids[#sent_ids + 1] = id
+      released = released + 1
+      late_add(late, math.max(0, now - tonumber(due)))  -- released early: not late
+      out[#out + 1] = id
+      out[#out + 1] = ev or ''
+    else
+      skipped = skipped + 1
+    end
   end
 end
 flush()
@@ -189,7 +205,8 @@ if dead > 0 then
 end
 local e = earliest(KEYS[1], KEYS[2], bucket_ms)
 set_next(KEYS[3], e)
-out[2], out[3], out[4] = released, skipped, e or -1
+if hold then e = next_visit(KEYS[1], KEYS[2], bucket_ms, now, upto, #ids >= limit and released + skipped > 0) end
+out[2], out[3], out[4], out[6] = released, skipped, e or -1, hold or -1
 for _, v in ipairs(not_sent) do out[#out + 1] = v end
 log_change(KEYS[7], ARGV[12], 'QUEUED', sent_ids)
 for state, ids in pairs(unsent_by_state) do log_change(KEYS[7], ARGV[12], state, ids) end

@@ -23,7 +23,10 @@ debounce: while the key's job is still SCHEDULED (and has not run: a retry
   record gets the call's fields (arguments, options) and due time, kept no
   later than `first` (the key's first call) + max_wait; the job keeps its id.
   Otherwise (no job, or it was released, cancelled, ...) a new job is created
-  and the key's `first` is now.
+  and the key's `first` is now. The record is marked `dk` = '1': the release
+  scripts leave it in the due index until it is due, never sending it a
+  look-ahead early (it would be released while later calls should still
+  replace it).
 throttle: while now < `first` + the window (`first`: when the key's job was
   created), the call returns the key's job as it is; otherwise a new job is
   created and `first` is now. The entry expires a minute after its window
@@ -89,6 +92,7 @@ if old then  -- out of the indexes it is in; the record is written anew
   call('DEL', jk)
 end
 local rec = {'st', 'SCHEDULED', 'due', due, 'created', created_at}
+if mode == 'debounce' then rec[#rec + 1] = 'dk'; rec[#rec + 1] = '1' end
 for name, v in pairs(fields) do
   if name == 'exp' and string.byte(v, 1) == 43 then v = now + tonumber(string.sub(v, 2)) end
   if name == 'msg' then v = with_eta(v, due) end

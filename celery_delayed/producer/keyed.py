@@ -3,7 +3,8 @@
 - ``debounce_key=K`` (with an optional ``max_wait``): a call while K's job is
   still waiting replaces that job's arguments and options and moves its due
   time to this call's ``when``, but never later than ``max_wait`` after K's
-  first call; the job keeps its id.
+  first call; the job keeps its id. It is released when due, not a
+  look-ahead early (``delayed_lookahead_ms``): every call until then reaches it.
 - ``throttle_key=K, window=W``: at most one job per K per W, counted from the
   call that created it; later calls get that job back.
 

@@ -321,6 +321,11 @@ class Scheduler(BackgroundThread):
                     nxt = 0.0  # more may be due: next round
                 else:
                     nxt = float(batch.next_due_ms) if batch.next_due_ms is not None else _INF
+                if batch.hold_ms is not None:
+                    # Debounce jobs wait in the store for their due time, not a look-ahead
+                    # before it: come back when the earliest is due (next_due is visited a
+                    # lead ahead of it).
+                    nxt = min(nxt, float(batch.hold_ms + self._lead_ms()))
                 # A wake-up that arrived during the move may be newer than its result.
                 self.next_due[shard] = min(nxt, self._woken.pop(shard, _INF))
         return batch.count

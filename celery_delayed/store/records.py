@@ -50,6 +50,8 @@ requeued_at
 gen        the generation of a job scheduled again with an idempotency key
            after a cancel (absent = 0); its messages carry it as the
            ``delayed_gen`` header, and start.lua refuses older ones
+dk         '1': the job of a debounce key; released when it is due, never
+           ``delayed_lookahead_ms`` early, so a later call can still replace it
 =========  ==============================================================
 
 Worker-side states: QUEUED or CLAIMED -> RUNNING (start.lua takes the
@@ -155,6 +157,9 @@ class Batch:
     skipped: int = 0
     next_due_ms: int | None = None
     now_ms: int = 0
+    #: the earliest due time of the debounce jobs the call left for their due time (within the
+    #: look-ahead, not yet due), or None; next_due_ms then leaves them out
+    hold_ms: int | None = None
     ids: list[str] = field(default_factory=list)
     events: list[dict[str, Any] | None] = field(default_factory=list)
     # publish path only: per job (msg, exchange, routing_key, queue)

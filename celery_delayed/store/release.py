@@ -39,7 +39,8 @@ class Releases(Facet):
 
         With ``lookahead_ms``, jobs due within that much of now go too, with
         Celery's ``eta`` set to their due time (the scheduler passes
-        ``delayed_lookahead_ms``).
+        ``delayed_lookahead_ms``), except a debounce key's job: it goes when it
+        is due (``Batch.hold_ms`` says when the earliest one left is).
 
         Raises:
             LeaseLost: ``owner`` does not hold the shard's lease with ``fence``.
@@ -55,8 +56,8 @@ class Releases(Facet):
              cfg.dlq_max_len_per_shard, self.redis.logs_changes, lookahead_ms],
         )
         batch = self._batch(reply, shard)
-        end = 5 + 2 * batch.count
-        for i in range(5, end, 2):
+        end = 6 + 2 * batch.count
+        for i in range(6, end, 2):
             batch.ids.append(reply[i])
             batch.events.append(json.loads(reply[i + 1]) if reply[i + 1] else None)
         batch.not_sent = _triples(reply, end)
@@ -84,8 +85,8 @@ class Releases(Facet):
              self.redis.logs_changes, lookahead_ms],
         )
         batch = self._batch(reply, shard)
-        end = 5 + 6 * batch.count
-        for i in range(5, end, 6):
+        end = 6 + 6 * batch.count
+        for i in range(6, end, 6):
             jid, msg, ex, rk, q, ev = reply[i:i + 6]
             batch.ids.append(jid)
             batch.messages.append((msg, ex, rk, q))
@@ -97,8 +98,9 @@ class Releases(Facet):
     def _batch(reply: Sequence[Any], shard: int) -> Batch:
         if reply[0] == Reply.NOT_OWNER:
             raise LeaseLost(f"the lease of shard {shard} is held by another scheduler")
-        nxt = int(reply[3])
-        return Batch(int(reply[1]), int(reply[2]), None if nxt < 0 else nxt, int(reply[4]))
+        nxt, hold = int(reply[3]), int(reply[5])
+        return Batch(int(reply[1]), int(reply[2]), None if nxt < 0 else nxt, int(reply[4]),
+                     hold_ms=None if hold < 0 else hold)
 
     def ack_claimed(self, shard: int, ids: Iterable[str], now_ms: int | None = None) -> int:
         """Publish path (``ack_claimed.lua``): confirm published jobs; return how many were still in flight."""

@@ -41,6 +41,37 @@ local function earliest(due_base, buckets, bucket_ms)
   end
 end
 
+-- Earliest due time strictly after `t` in the shard, or nil.
+local function earliest_after(due_base, buckets, bucket_ms, t)
+  local after = string.format('(%d', t)
+  if bucket_ms <= 0 then
+    local r = redis.call('ZRANGEBYSCORE', due_base, after, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+    if #r == 0 then return nil end
+    return tonumber(r[2])
+  end
+  -- From the bucket that holds t on, in order: the first bucket with a job after t has the earliest.
+  local from = t - (t % bucket_ms)
+  while true do
+    local bks = redis.call('ZRANGEBYSCORE', buckets, from, '+inf', 'WITHSCORES', 'LIMIT', 0, 8)
+    if #bks == 0 then return nil end
+    for i = 1, #bks, 2 do
+      local r = redis.call('ZRANGEBYSCORE', bks[i], after, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+      if #r > 0 then return tonumber(r[2]) end
+    end
+    from = string.format('(%d', tonumber(bks[#bks]))
+  end
+end
+
+-- The next due time a release (or claim) that put debounce jobs back reports
+-- (release_due.lua): `now` when its batch was full and also moved other jobs
+-- (more may wait behind the ones put back), else the earliest due time past
+-- its look-ahead `upto` (every job left before that is one put back: the
+-- reply's `hold` tells when the earliest of those is due).
+local function next_visit(due_base, buckets, bucket_ms, now, upto, more)
+  if more then return now end
+  return earliest_after(due_base, buckets, bucket_ms, upto)
+end
+
 -- Remove and return up to `limit` job ids due at or before `now`, earliest
 -- first. ZRANGEBYSCORE then ZREMRANGEBYRANK removes exactly the members read,
 -- in one command, because they are the lowest-ranked ones.

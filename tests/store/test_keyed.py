@@ -294,3 +294,88 @@ def test_debounce_a_job_held_by_a_pause_and_the_pending_index(tapp: Celery) -> N
     store.jobs.resume()
     batch = store.release.release_due(shard, now_ms=store.redis.now_ms() + 1000)
     assert batch.ids == [a.id] and get_store(tapp).lookup.get(a.id)["st"] == "QUEUED"
+
+
+def _release(app: Celery, path: str, shard: int, now_ms: int, limit: int | None = None) -> Any:
+    """One release (direct path) or claim (publish path, acknowledged at once) with the default look-ahead."""
+    store = get_store(app)
+    la = store.config.lookahead_ms
+    if path == "direct":
+        return store.release.release_due(shard, now_ms=now_ms, limit=limit, lookahead_ms=la)
+    batch = store.release.claim_due(shard, now_ms=now_ms, limit=limit, lookahead_ms=la)
+    store.release.ack_claimed(shard, batch.ids, now_ms=now_ms)
+    return batch
+
+
+@pytest.mark.parametrize("bucket_ms", [0, 60_000])
+@pytest.mark.parametrize("path", ["direct", "publish"])
+def test_debounce_job_is_not_released_a_lookahead_early(redis_url: str, uid: str, path: str, bucket_ms: int) -> None:
+    """Within the look-ahead an ordinary job goes early; the debounce key's job stays, replaceable, until due."""
+    app = make_app(redis_url, uid, delayed_shards=1, delayed_bucket_ms=bucket_ms)
+
+    @app.task(base=DelayedTask, name=NAME, shared=False)
+    def refresh(item: Any, note: str = "") -> None:
+        return None
+
+    store = get_store(app)
+    assert store.config.lookahead_ms == 2000  # the default
+    d = apply_later(app, NAME, (1,), when=1, debounce_key="k")
+    plain = apply_later(app, NAME, (0,), when=1)
+    far = apply_later(app, NAME, (0,), when=60)
+    now = store.redis.now_ms()
+    batch = _release(app, path, 0, now)
+    assert batch.ids == [plain.id]  # released a look-ahead early, as before
+    assert batch.hold_ms == d.due_ms  # come back when the debounce job is due
+    assert batch.next_due_ms == far.due_ms  # the next one, leaving out the job that waits
+    assert store.lookup.get(d.id)["st"] == "SCHEDULED"
+    assert d.id in pending_ids(app) and store.lookup.get(d.id)["dk"] == "1"
+    # a later call still finds it waiting and replaces it
+    again = apply_later(app, NAME, (2,), when=1, debounce_key="k")
+    assert again.id == d.id and not again.created and again.due_ms > d.due_ms
+    assert _release(app, path, 0, again.due_ms - 1).ids == []  # 1 ms before due: still waiting
+    batch = _release(app, path, 0, again.due_ms)
+    assert batch.ids == [d.id] and batch.hold_ms is None
+    rec = store.lookup.get(d.id)
+    assert rec["st"] == "QUEUED" and int(rec["released"]) == again.due_ms
+    assert body(app, d.id)[0] == [2]  # the last call's arguments
+    assert sorted(pending_ids(app)) == [far.id]
+    # the key's job was released: the next call makes a new one
+    third = apply_later(app, NAME, (3,), when=1, debounce_key="k")
+    assert third.created and third.id != d.id
+
+
+def test_throttled_job_still_goes_a_lookahead_early(tapp: Celery) -> None:
+    """A throttle returns its job whatever its state: nothing to wait for."""
+    store = get_store(tapp)
+    th = apply_later(tapp, NAME, (1,), when=1, throttle_key="t", window=60)
+    shard = store.lookup.locate(th.id)
+    batch = _release(tapp, "direct", shard, store.redis.now_ms())
+    assert batch.ids == [th.id] and batch.hold_ms is None
+    again = apply_later(tapp, NAME, (2,), when=1, throttle_key="t", window=60)
+    assert again.id == th.id and not again.created and again.job_state == "QUEUED"
+
+
+@pytest.mark.parametrize("path", ["direct", "publish"])
+def test_a_full_batch_of_waiting_debounce_jobs_neither_spins_nor_strands_the_rest(tapp: Celery, path: str) -> None:
+    """Debounce jobs put back fill a batch: the release says when to come back, and each later
+    job still goes no later than due."""
+    store = get_store(tapp)
+    ds = [apply_later(tapp, NAME, (i,), when=0.5 + i / 10, debounce_key=f"k{i}", shard_key="s") for i in range(3)]
+    plain = apply_later(tapp, NAME, (9,), when=0.9, shard_key="s")
+    shard = store.lookup.locate(plain.id)
+    assert {store.lookup.locate(h.id) for h in ds} == {shard}
+    now = store.redis.now_ms()
+    batch = _release(tapp, path, shard, now, limit=2)
+    assert batch.ids == [] and batch.skipped == 0  # nothing moved: not "more to do at once"
+    assert batch.hold_ms == ds[0].due_ms and batch.next_due_ms is None
+    batch = _release(tapp, path, shard, ds[0].due_ms, limit=2)
+    assert batch.ids == [ds[0].id]  # due now; ds[1] put back
+    assert batch.next_due_ms == ds[0].due_ms  # a full batch that moved a job: come again at once
+    batch = _release(tapp, path, shard, ds[0].due_ms, limit=2)
+    assert batch.ids == [] and batch.hold_ms == ds[1].due_ms  # ds[1], ds[2] put back: come back at ds[1]
+    batch = _release(tapp, path, shard, ds[1].due_ms, limit=2)
+    assert batch.ids == [ds[1].id] and batch.next_due_ms == ds[1].due_ms
+    batch = _release(tapp, path, shard, ds[1].due_ms, limit=2)
+    assert batch.ids == [plain.id] and batch.hold_ms == ds[2].due_ms  # before its due time, a look-ahead early
+    assert _release(tapp, path, shard, ds[2].due_ms).ids == [ds[2].id]
+    assert pending_ids(tapp) == []

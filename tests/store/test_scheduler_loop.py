@@ -109,3 +109,29 @@ def test_a_shard_is_visited_a_slice_before_the_lookahead_and_releases_the_whole_
     finally:
         sched.store.fleet.heartbeat(sched.owner, leave=True)
         sched.releaser.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_debounce_job_is_visited_when_due_not_a_lookahead_early(redis_url, uid):
+    # A debounce key's job in the look-ahead stays in the store until due (a later call may still
+    # replace it): the loop neither spins on it nor sleeps past it; other jobs still go early.
+    app = make_app(redis_url, uid, delayed_shards=1, delayed_lookahead_ms=2000)
+    store = get_store(app)
+    d = apply_later(app, "e2e.mark", when=1.0, debounce_key="k", strict=False)
+    plain = apply_later(app, "e2e.mark", when=1.5, strict=False)
+    sched = Scheduler(app)
+    try:
+        sched._heartbeat()
+        assert sched.release_due() == 1  # the plain job, 1.5 s early; not the debounce job
+        assert store.lookup.get(plain.id)["st"] == "QUEUED"
+        assert store.lookup.get(d.id)["st"] == "SCHEDULED"
+        assert sched.batches <= 2, "the loop spun on the waiting job"
+        assert 0.7 < sched._sleep_s() <= 1.0, sched._sleep_s()  # until the debounce job is due
+        assert sched.release_due() == 0
+        time.sleep(sched._sleep_s())
+        wait_for(lambda: sched.release_due() == 1, 2, interval=0.005, what="the debounce job to go")
+        rec = store.lookup.get(d.id)
+        assert rec["st"] == "QUEUED" and 0 <= int(rec["released"]) - int(rec["due"]) < 100
+    finally:
+        sched.store.fleet.heartbeat(sched.owner, leave=True)
+        sched.releaser.close()
