@@ -37,6 +37,7 @@ LABELS: dict[str, str] = {
     Field.SENT_EVENT: "task-sent event",
     Field.SHARD_KEY: "shard key",
     Field.IDEMPOTENCY_KEY: "idempotency key",
+    Field.DEBOUNCED: "debounced (released when due, not a look-ahead early)",
     Field.EXPIRES: "expires",
     Field.MAX_LATENESS: "max lateness (ms)",
     Field.MISFIRE: "misfire policy",
