@@ -141,7 +141,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("batch_size", int, 500, "most jobs one release call moves", lo=1, hi=100_000),
     Setting("lookahead_ms", int, 2000, "release a job up to this long before it is due (at least this long less "
             "250 ms, or half of it under 500 ms), with Celery's `eta` set to its due time: the worker already "
-            "holds it when the moment comes (`0` = release when due)",
+            "holds it when the moment comes (`0` = release when due); a debounced job is always released when due",
             lo=0, hi=60_000, unit="ms"),
     Setting("lease_ms", int, 30_000, "scheduler membership lease: a dead scheduler's shards move to the others "
             "after this; heartbeat every quarter of it", lo=500, hi=3_600_000, unit="ms"),
