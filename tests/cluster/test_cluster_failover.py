@@ -111,7 +111,7 @@ def test_a_master_killed_under_load_fails_over_to_its_replica(redis_url, uid, wo
     cclient.close()
 
 
-_UNTRACKED = re.compile(r"running e2e\.\w+\[(\w+)\] without the execution record")
+_UNTRACKED = re.compile(r"running e2e\.\w+\[([\w-]+)\] without the execution record")
 
 
 def _states(store, ids: list[str]) -> set[str] | None:

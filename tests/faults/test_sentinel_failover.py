@@ -58,7 +58,7 @@ DUE_S = 0.3
 FOLLOW_S = 1.0
 
 _STAMP = r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): [^\]]*\] "
-_UNTRACKED = re.compile(_STAMP + r"Store unavailable, running e2e\.mark\[(\w+)\] without the execution record")
+_UNTRACKED = re.compile(_STAMP + r"Store unavailable, running e2e\.mark\[([\w-]+)\] without the execution record")
 
 
 def stamped(pattern: re.Pattern[str], output: str) -> dict[str, list[float]]:
