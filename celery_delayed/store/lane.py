@@ -121,13 +121,16 @@ class Lane:
 
     def _connection(self) -> Any:
         if self.conn is None:
-            conn = self.client.connection_pool.make_connection()
+            # Made as the pool makes its own, but not counted by it: the pool would count every
+            # connection a reset drops for good (redis-py 8 refuses more than 100 by default).
+            pool = self.client.connection_pool
+            conn: Any = pool.connection_class(**pool.connection_kwargs)
             # A health check would read a pending reply as its PONG: the lane reconnects on errors instead.
-            conn.health_check_interval = 0  # type: ignore[attr-defined]
+            conn.health_check_interval = 0
             # Connect now, through connect(): a Sentinel-managed connection asks the
             # Sentinels for the master there (redis-py's send_command would connect
             # to its default host instead).
-            conn.connect()  # type: ignore[no-untyped-call]
+            conn.connect()
             self.conn = conn
         return self.conn
 

@@ -3,12 +3,16 @@ of that master, followed by ``WAIT``, so an acknowledged write is on that master
 
 Three masters with a replica each. Checked: every acknowledged job is on its replica the moment the
 call returns; too few replicas raise ``ReplicationTimeout``; and a master SIGKILLed while producers
-schedule with ``delayed_wait_replicas = 1`` loses no acknowledged job.
+schedule with ``delayed_wait_replicas = 1`` loses no acknowledged job (with 0, only one acknowledged in
+the master's last second); in both, a job runs twice only if a run of it went without the execution
+record.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
+import re
 import threading
 import time
 
@@ -92,8 +96,8 @@ def test_an_acknowledged_write_is_on_the_replica_when_the_call_returns(redis_url
 @pytest.mark.parametrize("wait", [1, 0])
 def test_a_master_killed_while_producers_wait_for_replicas_loses_no_acknowledged_job(redis_url, uid, workers,
                                                                                        replicated, wait):
-    """With ``delayed_wait_replicas = 1`` nothing acknowledged is lost; with 0 the counts are printed (the
-    replication window: what the master acknowledged and had not passed on when it died)."""
+    """With ``delayed_wait_replicas = 1`` nothing acknowledged is lost; with 0 at most the replication
+    window (what the master acknowledged in its last moments and had not passed on when it died)."""
     conf = {"delayed_redis_cluster": True, "delayed_lease_ms": 2000, "delayed_wait_replicas": wait}
     app = make_app(redis_url, uid, delayed_redis_url=replicated.url, **conf)
     prefix, queue = app.conf.delayed_key_prefix, app.conf.task_default_queue
@@ -101,14 +105,14 @@ def test_a_master_killed_while_producers_wait_for_replicas_loses_no_acknowledged
     w = WorkerProcess(redis_url, prefix, queue, store=replicated.url, conf=conf, concurrency=4, pool="threads")
     workers.extend([w, SchedulerProcess(redis_url, prefix, queue, store=replicated.url, conf=conf)])
     w.wait_ready()
-    acked: list[str] = []
+    acked: list[tuple[str, float]] = []  # (job id, monotonic time of the acknowledgement)
     refused = collections.Counter()
     stop = threading.Event()
 
     def produce() -> None:
         while not stop.is_set():
             try:
-                acked.append(apply_later(app, "e2e.plain", when=1.5, strict=False).id)
+                acked.append((apply_later(app, "e2e.plain", when=1.5, strict=False).id, time.monotonic()))
             except DelayedError as exc:  # not acknowledged: the caller would call again
                 refused[type(exc).__name__] += 1
                 time.sleep(0.05)
@@ -121,6 +125,7 @@ def test_a_master_killed_while_producers_wait_for_replicas_loses_no_acknowledged
     if victim_name == cclient.get_node_from_key(f"{prefix}:ran").name:
         victim_name = cclient.get_node_from_key(get_store(app).keys.shard(1).due).name
     victim = next(node for node in replicated.nodes if f"127.0.0.1:{node.port}" == victim_name)
+    killed = time.monotonic()
     victim.stop("kill")
     time.sleep(6.0)  # the promotion (about 2 s), then more acknowledged writes on the new master
     stop.set()
@@ -130,22 +135,33 @@ def test_a_master_killed_while_producers_wait_for_replicas_loses_no_acknowledged
     def ran() -> collections.Counter[str]:
         return collections.Counter(str(x).split("|")[0] for x in cclient.lrange(f"{prefix}:ran", 0, -1))
 
+    ids = [i for i, _ in acked]
+    # Without WAIT, the replication window: what the killed master acknowledged in its last second may be
+    # lost (a promotion takes about 2 s: nothing acknowledged 1 s after the kill came from that master).
+    window = {i for i, t in acked if killed - 1.0 <= t <= killed + 1.0} if not wait else set()
     try:
-        wait_for(lambda: set(acked) <= set(ran()), 90 if wait else 30, interval=0.3,
-                 what=f"{len(acked)} acknowledged jobs")
-    except AssertionError:
-        if wait:
-            raise
+        wait_for(lambda: set(ids) - set(ran()) <= window, 90, interval=0.3,
+                 what=f"{len(acked)} acknowledged jobs to run (all but the replication window's)")
+        with contextlib.suppress(AssertionError):  # the window's, unless lost
+            wait_for(lambda: set(ids) <= set(ran()), 10, interval=0.3)
     finally:
+        time.sleep(1.0)  # a late duplicate
         counts = ran()
-        lost = set(acked) - set(counts)
-        twice = [i for i in acked if counts[i] > 1]
+        lost = set(ids) - set(counts)
+        twice = [i for i in ids if counts[i] > 1]
+        untracked = set(_UNTRACKED.findall(w.output()))
         print(f"\nwait_replicas={wait}, master SIGKILLed: {len(acked)} acknowledged, {len(lost)} lost, "
-              f"{len(twice)} ran twice; not acknowledged: {dict(refused)}")
+              f"{len(twice)} ran twice, {len(untracked)} run without the execution record; "
+              f"not acknowledged: {dict(refused)}")
     assert len(acked) > 300
-    if wait:
-        assert not lost
+    assert lost <= window, sorted(lost - window)[:5]
+    # A release made again after the failover is dropped by the execution record of the first run, unless
+    # that run went without it (the worker found no master for its shard).
+    assert set(twice) <= untracked, (len(twice), sorted(set(twice) - untracked)[:5])
     cclient.close()
+
+
+_UNTRACKED = re.compile(r"running e2e\.\w+\[([\w-]+)\] without the execution record")
 
 
 @pytest.mark.timeout(60)

@@ -509,3 +509,21 @@ def test_a_call_whose_connection_was_dropped_is_made_once_on_another(tapp: Celer
     third = apply_later(tapp, NAME, args=(3,), when=60)
     assert third.created and lane.conn is not None
     assert {store.lookup.get(h.id)["st"] for h in (first, second, third)} == {"SCHEDULED"}
+
+
+@pytest.mark.timeout(120)
+def test_a_lane_dropped_many_times_still_gets_a_connection(tapp: Celery, rclient: redis.Redis) -> None:
+    """A lane's connection is its own, not one of the client's pool: however often it is dropped (a
+    worker's lane is reset twice per job while the store is down), the next call opens a new one. (Counted
+    against the pool, redis-py 8's default of 100 connections ran out after about 100 resets, and every
+    start then ran without the execution record.)"""
+    store = get_store(tapp)
+    apply_later(tapp, NAME, args=(0,), when=60)
+    lane = store.redis.lane()
+    for i in range(150):
+        lane.conn.send_command("CLIENT", "ID")
+        assert rclient.client_kill_filter(_id=int(lane.conn.read_response())) == 1
+        assert apply_later(tapp, NAME, args=(i,), when=60).created  # on the pool: the lane's connection is gone
+        assert lane.conn is None
+        apply_later(tapp, NAME, args=(i,), when=60)
+        assert lane.conn is not None, f"no new connection for the lane after {i + 1} drops"

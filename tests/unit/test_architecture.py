@@ -1,5 +1,6 @@
-"""The package's shape: no import cycles, only the store layer talks to Redis, each script run by one facet
-method of its name, no reach into another object's private attributes, no side effects at import."""
+"""The package's shape: no import cycles, layers that import one way, only the store layer talks to Redis,
+each script run by one facet method of its name, no reach into another object's private attributes, no side
+effects at import."""
 
 from __future__ import annotations
 
@@ -68,13 +69,57 @@ def test_no_import_cycles():
     assert not cycles, cycles
 
 
+#: The package's layers, lowest first: a module may import only from layers below its own (a package's
+#: own modules aside). A feature package's command-line module (``dlq.cli``, ``schedules.cli``) is in the
+#: command-line layer. Every top-level module is in exactly one layer ("" is the package's ``__init__``).
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("vocab",),
+    ("errors",),
+    ("timeutil", "redis_urls", "threads"),
+    ("config",),
+    ("fixups",),  # Celery/kombu patches: they read the settings, nothing of ours above them
+    ("store",),  # the only layer that talks to Redis
+    ("announce", "producer", "metrics", "doctor"),
+    ("cancellation",),
+    ("result", "controls"),
+    ("sql",),  # rows: the store and the message a row rebuilds, never who calls it (api, reconciler, scheduler)
+    ("api",),
+    ("reconciler", "schedules", "dlq"),  # features on the public API and the store, not on each other
+    ("scheduler",),  # runs the reconciler and the schedules' keeper
+    ("worker", "web"),  # the worker embeds a scheduler; the dashboard reads the store, never the worker
+    ("testing",),
+    ("plugin",),
+    ("cli", ""),
+)
+
+
+def _layer(module: str) -> str:
+    """The layer name of a package module: its top-level package, or "cli" for a feature's commands."""
+    if module.endswith(".cli"):
+        return "cli"
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def test_every_module_is_in_one_layer():
+    names = [n for layer in LAYERS for n in layer]
+    assert len(names) == len(set(names)), "a name in two layers"
+    layers = {_layer(m) for m in _modules()}
+    assert not layers - set(names), f"not in LAYERS (place it): {sorted(layers - set(names))}"
+    assert not set(names) - layers, f"in LAYERS but no such module: {sorted(set(names) - layers)}"
+
+
 def test_layers_point_one_way():
-    graph = _graph()
-    for name, deps in graph.items():
-        if name.startswith("celery_delayed.store"):
-            assert not {d for d in deps if d.split(".")[1] in ("producer", "worker", "scheduler", "cli", "api",
-                                                               "schedules")}, name
-        # the command line: the cli package, and a feature package's own commands (e.g. schedules.cli)
+    rank = {n: i for i, layer in enumerate(LAYERS) for n in layer}
+    wrong = []
+    for name, deps in _graph().items():
+        for d in sorted(deps):
+            if _layer(d) != _layer(name) and rank[_layer(d)] >= rank[_layer(name)]:
+                wrong.append(f"{name} imports {d} ({_layer(d) or '__init__'} is not below "
+                             f"{_layer(name) or '__init__'})")
+    assert not wrong, wrong
+    # the command line: the cli package, and a feature package's own commands (e.g. schedules.cli)
+    for name, deps in _graph().items():
         if not (name.startswith("celery_delayed.cli") or name.endswith(".cli")):
             assert not {d for d in deps if d.startswith("celery_delayed.cli") or d.endswith(".cli")}, name
 
