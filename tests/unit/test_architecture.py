@@ -79,7 +79,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("config",),
     ("fixups",),  # Celery/kombu patches: they read the settings, nothing of ours above them
     ("store",),  # the only layer that talks to Redis
-    ("announce", "producer", "metrics", "doctor"),
+    ("announce", "producer", "metrics", "doctor", "describe"),  # describe: a record in words (web, cli)
     ("cancellation",),
     ("result", "controls"),
     ("sql",),  # rows: the store and the message a row rebuilds, never who calls it (api, reconciler, scheduler)
