@@ -299,7 +299,7 @@ def _database_url(conf: Any, value: str | None) -> str | None:
     """PostgreSQL or SQLite, shared by every process (the check lives with the database code)."""
     if value is None:
         return None
-    from .sql.urls import check_database_url  # imports nothing heavy: SQLAlchemy is an optional extra
+    from .database_urls import check_database_url  # imports nothing heavy: SQLAlchemy is an optional extra
 
     _non_empty("database_url")(conf, value)
     return check_database_url(value)

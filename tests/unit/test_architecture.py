@@ -76,14 +76,15 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("vocab",),
     ("errors",),
     ("timeutil", "redis_urls", "threads"),
+    ("database_urls",),  # redacts as redis_urls does
     ("config",),
     ("fixups",),  # Celery/kombu patches: they read the settings, nothing of ours above them
     ("store",),  # the only layer that talks to Redis
-    ("announce", "producer", "metrics", "doctor", "describe"),  # describe: a record in words (web, cli)
+    ("announce", "producer", "metrics", "describe"),  # describe: a record in words (web, cli)
     ("cancellation",),
     ("result", "controls"),
     ("sql",),  # rows: the store and the message a row rebuilds, never who calls it (api, reconciler, scheduler)
-    ("api",),
+    ("api", "doctor"),  # doctor checks the database's binding too
     ("reconciler", "schedules", "dlq"),  # features on the public API and the store, not on each other
     ("scheduler",),  # runs the reconciler and the schedules' keeper
     ("worker", "web"),  # the worker embeds a scheduler; the dashboard reads the store, never the worker
