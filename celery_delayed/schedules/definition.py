@@ -33,7 +33,7 @@ _ENTRY_KEYS = frozenset({"task", "schedule", "args", "kwargs", "options", "timez
                          "skip_if_running", "relative"})
 _MAX_NAME_BYTES = 200
 #: The fields of a stored definition and their types (``skip_if_running`` may be missing).
-_STORED_FIELDS: dict[str, type | tuple[type, ...]] = {
+_STORED_FIELDS: dict[str, type] = {
     "task": str, "spec": dict, "args": builtins.list, "kwargs": dict, "options": dict, "timezone": str,
     "misfire": str}
 

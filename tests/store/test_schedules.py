@@ -83,6 +83,26 @@ def test_two_recurrers_on_the_same_cursor_store_one_set_of_jobs(app):
     assert sum(store.redis.client.zcard(store.keys.shard(x).due) for x in range(4)) == len(f1[0])
 
 
+def test_occurrences_stored_for_a_schedule_removed_meanwhile_never_run_even_once_released(app, monkeypatch):
+    """A keeper read the schedule, it was removed, then the keeper stored its occurrences: its cursor move
+    fails and it cancels them, though the release loop released the first one in between (the real
+    release script runs between the keeper's store and its cursor move)."""
+    put(app, "gone", {"task": "e2e.mark", "schedule": 10})
+    stale = get_store(app).schedules.get("gone")
+    api.remove(app, "gone")
+    rec = get_store(app).schedules
+    advance = rec.advance_schedule
+
+    def released_first(*args, **kwargs):
+        assert release(app, T0 + 10_000)[0] == [occurrence_id(stale, T0 + 10_000)]
+        return advance(*args, **kwargs)
+
+    monkeypatch.setattr(rec, "advance_schedule", released_first)
+    assert recurrer(app)._advance(stale, "", T0 + 9_000) == 0
+    states = get_store(app).lookup.record_states(stale.shard, [occurrence_id(stale, T0 + k * 10_000) for k in (1, 2)])
+    assert list(states.values()) == ["CANCELLED", "CANCELLED"]
+
+
 def test_after_an_outage_the_latest_missed_occurrence_runs_once(app):
     put(app, "late", {"task": "e2e.mark", "schedule": 10})
     r = recurrer(app)
@@ -95,6 +115,18 @@ def test_after_an_outage_the_latest_missed_occurrence_runs_once(app):
     s = get_store(app).schedules.get("late")
     assert sent == [occurrence_id(s, T0 + 100_000)]  # the latest, once
     assert get_store(app).schedules.get("late").last_ms > now
+
+
+def test_the_caught_up_occurrence_runs_though_its_release_comes_just_after_the_next_fire_time(app):
+    put(app, "late", {"task": "e2e.mark", "schedule": 10})
+    r = recurrer(app)
+    r.tick(now_ms=T0)
+    now = T0 + 109_500  # back 0.5 s before the next fire time: the latest missed one is T0 + 100 s
+    r.tick(now_ms=now)
+    s = get_store(app).schedules.get("late")
+    sent, _ = release(app, now + 600)  # released a moment later: past T0 + 110 s
+    assert occurrence_id(s, T0 + 100_000) in sent  # not skipped: it has a grace from when it was stored
+    assert occurrence_id(s, T0 + 110_000) in sent  # and the next one runs on time
 
 
 def test_misfire_each_runs_every_missed_occurrence_capped(app):
