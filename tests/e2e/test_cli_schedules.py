@@ -23,7 +23,7 @@ def invoke(app, *args: str) -> Result:
 @pytest.fixture
 def sapp(redis_url, uid):
     app = make_app(redis_url, uid, delayed_shards=4)
-    app.task(name="e2e.mark")(mark)  # registered, as a schedule's task must be (unless --no-strict)
+    app.task(name="e2e.mark", shared=False)(mark)  # registered (as a schedule's task must be, unless --no-strict)
     return app
 
 
