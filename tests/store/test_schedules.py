@@ -417,9 +417,12 @@ def test_a_broken_stored_schedule_is_listed_as_broken_skipped_once_logged_and_br
     rec.put_schedule("mangled", definition(app, "mangled", {"task": "e2e.mark", "schedule": 10}), "api", now_ms=T0)
     shard = rec.shard_of("mangled")
     get_store(app).redis.client.hset(get_store(app).keys.shard(shard).schedule("mangled"), "def", "{not json")
+    # and one whose fire times compute but whose occurrences cannot be made (found when storing them)
+    badopts = definition(app, "badopts", {"task": "e2e.mark", "schedule": 10}) | {"options": {"priority": "high"}}
+    rec.put_schedule("badopts", badopts, "api", now_ms=T0)
     # the listing shows every schedule, the broken ones saying what is wrong
     listed = {s.name: s for s in api.list(app)}
-    assert sorted(listed) == ["good", "huge", "mangled"]
+    assert sorted(listed) == ["badopts", "good", "huge", "mangled"]
     assert listed["good"].error == "" and listed["good"].next_fire_ms is not None
     assert listed["huge"].error.startswith("broken: an interval must be between 0.1 s and 10,000,000,000 s")
     assert listed["huge"].next_fire_ms is None and listed["huge"].task == "e2e.mark"
@@ -431,10 +434,11 @@ def test_a_broken_stored_schedule_is_listed_as_broken_skipped_once_logged_and_br
     for k in range(3):
         r.tick(now_ms=T0 + k * 1_000)
     assert [f for _, f in rec.occurrences("good")] == [T0 + 10_000]
-    assert rec.occurrences("huge") == [] and rec.occurrences("mangled") == []
+    assert rec.occurrences("huge") == rec.occurrences("mangled") == rec.occurrences("badopts") == []
     errors = [x for x in caplog.records if x.levelname == "ERROR"]
-    assert sorted(x.args[0] for x in errors) == ["huge", "mangled"], [x.getMessage() for x in errors]
-    assert all(x.exc_info is None for x in errors)
+    assert sorted(x.args[0] for x in errors) == ["badopts", "huge", "mangled"], [x.getMessage() for x in errors]
+    assert [x.exc_info is None for x in sorted(errors, key=lambda x: x.args[0])] == [False, True, True]
+    assert "InvalidOption: priority" in next(x.getMessage() for x in errors if x.args[0] == "badopts")
     assert "is broken and skipped: an interval must be between" in next(
         x.getMessage() for x in errors if x.args[0] == "huge")
     # what needs its definition refuses clearly; a fix (added again) or a removal works
@@ -445,4 +449,4 @@ def test_a_broken_stored_schedule_is_listed_as_broken_skipped_once_logged_and_br
     fixed = api.get(app, "huge")
     assert fixed.error == "" and fixed.occurrences and fixed.next_fire_ms is not None
     assert api.remove(app, "mangled") == 0
-    assert [s.name for s in api.list(app)] == ["good", "huge"]
+    assert [s.name for s in api.list(app)] == ["badopts", "good", "huge"]
