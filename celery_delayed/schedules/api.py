@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from celery import Celery
 
-from ..errors import ScheduleNotFound
+from ..errors import InvalidOption, ScheduleNotFound
 from ..producer.message import task_defaults
 from ..producer.prepare import prepare
 from ..result import DelayedResult
 from ..store import Store, get_store
 from ..store.schedules import ScheduleRecords, StoredSchedule
-from .definition import definition, spec_of
+from .definition import definition, spec_of, stored_problem
 from .occurrences import (
     PRIME_MS,
     cancel_occurrences,
@@ -51,6 +52,9 @@ class Schedule:
     next_fire_ms: int | None
     #: recent occurrences: (job id, fire time ms), the earliest first
     occurrences: builtins.list[tuple[str, int]]
+    #: what makes the stored schedule unusable ('' when nothing): it is skipped by the schedulers
+    #: until it is added again or removed, and its other fields show what could be read
+    error: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-safe form (the CLI's ``--json``)."""
@@ -60,6 +64,9 @@ class Schedule:
 def _info(rec: ScheduleRecords, s: StoredSchedule, now_ms: int) -> Schedule:
     d = s.definition
     occ = rec.occurrences(s.name)
+    problem = stored_problem(s, now_ms)
+    if problem is not None:
+        return _broken(s, occ, problem)
     upcoming = [f for _, f in occ if f > now_ms]
     nxt = None if s.paused else (min(upcoming) if upcoming else None)
     if nxt is None and not s.paused:  # none stored yet (no scheduler holds its shard): computed
@@ -74,8 +81,27 @@ def _info(rec: ScheduleRecords, s: StoredSchedule, now_ms: int) -> Schedule:
     )
 
 
+def _broken(s: StoredSchedule, occ: builtins.list[tuple[str, int]], problem: str) -> Schedule:
+    """A schedule whose record cannot be computed: what can be read of it, and why."""
+    d = s.definition
+
+    def field(key: str, kind: type, default: Any) -> Any:
+        value = d.get(key)
+        return value if isinstance(value, kind) else default
+
+    spec = d.get("spec")
+    return Schedule(
+        name=s.name, task=field("task", str, "?"), schedule=json.dumps(spec) if spec is not None else "?",
+        timezone=field("timezone", str, "-"), misfire=field("misfire", str, "?"),
+        skip_if_running=bool(d.get("skip_if_running")), args=field("args", builtins.list, []),
+        kwargs=field("kwargs", dict, {}), options=field("options", dict, {}), source=s.source, paused=s.paused,
+        version=s.version, shard=s.shard, origin_ms=s.origin_ms, next_fire_ms=None, occurrences=occ,
+        error=f"broken: {problem}; add it again with a valid schedule, or remove it",
+    )
+
+
 def list(app: Celery) -> builtins.list[Schedule]:
-    """Every recurring schedule of the store, sorted by name."""
+    """Every recurring schedule of the store, sorted by name (a broken one too, with its :attr:`~Schedule.error`)."""
     store = get_store(app)
     rec = store.schedules
     now = store.redis.now_ms()
@@ -127,7 +153,7 @@ def add(app: Celery, name: str, task: str, schedule: object, args: Sequence[Any]
 def _prime(app: Celery, store: Store, name: str) -> None:
     """Store the first occurrences at once (a scheduler sees a new schedule within a few seconds)."""
     s = store.schedules.get(name)
-    if s is not None and not s.paused:
+    if s is not None and not s.paused and stored_problem(s, store.redis.now_ms()) is None:
         store_ahead(app, store, s, "", "", store.redis.now_ms(), PRIME_MS, 1)
 
 
@@ -181,10 +207,15 @@ def run_now(app: Celery, name: str) -> DelayedResult:
 
     Raises:
         ScheduleNotFound: there is none of that name.
+        InvalidOption: the stored schedule is broken (:attr:`Schedule.error`).
     """
     from ..api import store_prepared  # the API module imports the producer; this keeps the import graph flat
 
     store, s = _stored(app, name)
+    problem = stored_problem(s, store.redis.now_ms())
+    if problem is not None:
+        raise InvalidOption(f"schedule {name!r} is broken: {problem}; add it again with a valid schedule, "
+                            "or remove it")
     d = s.definition
     task = app.tasks.get(d["task"])
     opts = (task_defaults(task) if task is not None else {}) | d["options"]

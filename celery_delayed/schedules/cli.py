@@ -1,7 +1,7 @@
 """``celery -A proj delayed schedules ...``: recurring schedules at run time.
 
 Commands: ``list``, ``show NAME``, ``add NAME TASK (--every SECONDS | --cron
-"m h dom mon dow")``, ``remove NAME``, ``pause NAME``, ``resume NAME``,
+"m h dom mon dow") [--no-strict]``, ``remove NAME``, ``pause NAME``, ``resume NAME``,
 ``run-now NAME``. A run-time change wins over ``delayed_schedule`` until that
 config entry itself changes (:mod:`celery_delayed.schedules`).
 """
@@ -13,7 +13,7 @@ import json
 import click
 
 from ..cli._common import app_of, delayed, errors, fmt_ms, json_line
-from ..errors import InvalidOption
+from ..errors import InvalidOption, UnknownTask
 from . import api as _schedules
 from .definition import MISFIRE_POLICIES
 
@@ -34,6 +34,9 @@ def list_(ctx: click.Context, as_json: bool) -> None:
         if as_json:
             click.echo(json_line(s.as_dict()))
             continue
+        if s.error:
+            click.echo(f"{s.name}  {s.task}  {s.error}  from={s.source}")
+            continue
         state = "paused" if s.paused else f"next {fmt_ms(s.next_fire_ms)}"
         tz = "" if s.timezone == "-" else f" ({s.timezone})"
         click.echo(f"{s.name}  {s.task}  {s.schedule}{tz}  {state}  misfire={s.misfire}  from={s.source}")
@@ -52,6 +55,8 @@ def show(ctx: click.Context, name: str) -> None:
     shown["next_fire"] = fmt_ms(s.next_fire_ms)
     shown["occurrences"] = [f"{job_id} {fmt_ms(fire)}" for job_id, fire in s.occurrences]
     click.echo(json.dumps(shown, indent=2, sort_keys=True, ensure_ascii=False))
+    if s.error:
+        click.echo(f"schedule {name}: {s.error}", err=True)
 
 
 @schedules.command()
@@ -66,10 +71,14 @@ def show(ctx: click.Context, name: str) -> None:
               help="Occurrences an outage missed: run the latest once, none, or each.")
 @click.option("--queue", default=None, help="Send occurrences to this queue.")
 @click.option("--skip-if-running", is_flag=True, help="Skip an occurrence while the previous one still runs.")
+@click.option("--strict/--no-strict", default=True, show_default=True,
+              help="Refuse a TASK this app does not register, as apply_later does; --no-strict for a task "
+                   "that only the workers define.")
 @click.pass_context
 def add(ctx: click.Context, name: str, task: str, every_s: float | None, cron: str | None, args_json: str,
-        kwargs_json: str, tz: str | None, misfire: str, queue: str | None, skip_if_running: bool) -> None:
-    """Add a schedule (or replace the one named NAME)."""
+        kwargs_json: str, tz: str | None, misfire: str, queue: str | None, skip_if_running: bool,
+        strict: bool) -> None:
+    """Add a schedule (or replace the one named NAME); nothing is stored when any of it is wrong."""
     if (every_s is None) == (cron is None):
         raise click.UsageError("give one of --every SECONDS or --cron LINE")
     try:
@@ -79,9 +88,12 @@ def add(ctx: click.Context, name: str, task: str, every_s: float | None, cron: s
     with errors():
         if not isinstance(args, list) or not isinstance(kwargs, dict):
             raise InvalidOption("--args must be a JSON list and --kwargs a JSON object")
-        s = _schedules.add(app_of(ctx), name, task, every_s if every_s is not None else cron, args, kwargs,
-                           {"queue": queue} if queue else {}, timezone=tz, misfire=misfire,
-                           skip_if_running=skip_if_running, strict=False)
+        try:
+            s = _schedules.add(app_of(ctx), name, task, every_s if every_s is not None else cron, args, kwargs,
+                               {"queue": queue} if queue else {}, timezone=tz, misfire=misfire,
+                               skip_if_running=skip_if_running, strict=strict)
+        except UnknownTask as exc:
+            raise UnknownTask(str(exc).replace("pass strict=False", "pass --no-strict")) from exc
     click.echo(f"schedule {s.name}: {s.task} {s.schedule}, next {fmt_ms(s.next_fire_ms)}")
 
 

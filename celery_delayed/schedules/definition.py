@@ -5,17 +5,22 @@ from __future__ import annotations
 import builtins
 import hashlib
 import json
+import time
 from collections.abc import Mapping
+from datetime import datetime, timezone, tzinfo
 from typing import Any
 
 from celery import Celery
 
-from ..errors import DelayedError, InvalidOption
+from ..errors import DelayedError, InvalidOption, UnknownTask
 from ..producer.message import task_defaults
 from ..producer.prepare import check_str, lookup_task, prepare
 from ..store import get_store
+from ..store.schedules import StoredSchedule
+from ..timeutil import MAX_DUE_MS
 from .rules import (
     Spec,
+    next_after,
     parse_spec,
     spec_digest,
     zone,
@@ -27,6 +32,10 @@ MISFIRE_POLICIES = ("latest", "skip", "each")
 _ENTRY_KEYS = frozenset({"task", "schedule", "args", "kwargs", "options", "timezone", "misfire",
                          "skip_if_running", "relative"})
 _MAX_NAME_BYTES = 200
+#: The fields of a stored definition and their types (``skip_if_running`` may be missing).
+_STORED_FIELDS: dict[str, type] = {
+    "task": str, "spec": dict, "args": builtins.list, "kwargs": dict, "options": dict, "timezone": str,
+    "misfire": str}
 
 
 def definition(app: Celery, name: str, entry: Mapping[str, Any], *, strict: bool = False) -> dict[str, Any]:
@@ -47,13 +56,16 @@ def definition(app: Celery, name: str, entry: Mapping[str, Any], *, strict: bool
     task = entry.get("task")
     if not isinstance(task, str) or not task:
         raise InvalidOption(f"schedule {name!r}: 'task' must be a task name, got {task!r}")
-    lookup_task(app, task, strict)
+    try:
+        lookup_task(app, task, strict)
+    except UnknownTask as exc:
+        raise UnknownTask(f"schedule {name!r}: {exc}") from exc
     if "schedule" not in entry:
         raise InvalidOption(f"schedule {name!r}: 'schedule' is missing (a crontab, an interval or seconds)")
     try:
         spec = parse_spec(entry["schedule"])
-        tz_name = entry.get("timezone") or _app_zone(app)
-        zone(tz_name)
+        tz_name = _zone_name(app, entry.get("timezone"))
+        first_fire(spec, _now_ms(), zone(tz_name))
     except InvalidOption as exc:
         raise InvalidOption(f"schedule {name!r}: {exc}") from exc
     misfire = entry.get("misfire", "latest")
@@ -78,9 +90,36 @@ def definition(app: Celery, name: str, entry: Mapping[str, Any], *, strict: bool
     return out
 
 
-def _app_zone(app: Celery) -> str:
-    tz = app.conf.timezone
-    return str(tz) if tz else "UTC"
+def _zone_name(app: Celery, tz: object) -> str:
+    """An entry's time zone: its own (a non-empty name), else the app's ``timezone``, else UTC."""
+    if tz is None:
+        app_tz = app.conf.timezone
+        return str(app_tz) if app_tz else "UTC"
+    if not isinstance(tz, str) or not tz.strip():
+        raise InvalidOption(f"timezone must be an IANA name such as 'Europe/Berlin', got {tz!r}; "
+                            "leave it out for the app's timezone")
+    return tz
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def first_fire(spec: Spec, now_ms: int, tz: tzinfo) -> int:
+    """The first fire time after ``now_ms`` of a schedule that starts now, checked to be a valid due time.
+
+    Raises:
+        InvalidOption: it does not fire, or not before the latest due time the store takes.
+    """
+    try:
+        fire = next_after(spec, now_ms, now_ms, tz)
+        datetime.fromtimestamp(fire / 1000, timezone.utc)
+    except (ValueError, OverflowError, ArithmeticError) as exc:
+        raise InvalidOption(f"{spec.describe()} has no fire time a date can hold ({exc})") from exc
+    if fire > MAX_DUE_MS:
+        raise InvalidOption(f"{spec.describe()} first fires after the latest due time the store takes "
+                            "(the year 5138)")
+    return fire
 
 
 def config_hash(defn: Mapping[str, Any]) -> str:
@@ -108,3 +147,30 @@ def config_entries(app: Celery) -> dict[str, dict[str, Any]]:
 def spec_of(defn: Mapping[str, Any]) -> Spec:
     """The parsed schedule of a stored definition."""
     return parse_spec(defn["spec"])
+
+
+def stored_problem(sched: StoredSchedule, now_ms: int) -> str | None:
+    """What makes a stored schedule unusable, in words (None: nothing).
+
+    A record written by hand, or by a version that let through what
+    :func:`definition` refuses now (an interval too long for a date, say),
+    cannot be computed: it is listed as broken and skipped by the
+    schedulers, so that it breaks neither a listing nor the other schedules.
+    """
+    if sched.error:
+        return sched.error
+    d = sched.definition
+    for key, kind in _STORED_FIELDS.items():
+        if not isinstance(d.get(key), kind):
+            return f"its definition has no valid {key!r} (got {d.get(key)!r})"
+    if d["misfire"] not in MISFIRE_POLICIES:
+        return f"its misfire policy {d['misfire']!r} is not one of {MISFIRE_POLICIES}"
+    try:
+        spec, tz = spec_of(d), zone(d["timezone"])
+        fire = next_after(spec, max(now_ms, sched.last_ms), sched.origin_ms, tz)
+        if not 0 <= fire <= MAX_DUE_MS:
+            return f"its next fire time ({fire} ms) is not a due time the store takes"
+        datetime.fromtimestamp(fire / 1000, timezone.utc)
+    except (InvalidOption, ValueError, OverflowError, ArithmeticError) as exc:
+        return str(exc)
+    return None

@@ -23,6 +23,10 @@ schedule's ``misfire``: ``latest`` stores the latest one (it runs once),
 outage are released late and skipped by their max lateness (``latest``: they
 missed the next fire time), so only the latest runs.
 
+A stored schedule that cannot be computed (a record written by hand, or by
+a version that accepted what is refused now) is skipped with one ERROR line
+per version of it, and the other schedules go on (:func:`.definition.stored_problem`).
+
 The config (``delayed_schedule``, ``beat_schedule`` with
 ``delayed_import_beat_schedule``) is written to the store when this scheduler
 starts, and every ``delayed_schedule_sync_s`` for
@@ -44,7 +48,7 @@ from ..store import Store
 from ..store.schedules import StoredSchedule
 from ..threads import BackgroundThread
 from ..vocab import JobState
-from .definition import config_entries, config_hash
+from .definition import config_entries, config_hash, stored_problem
 from .occurrences import cancel_occurrences, store_ahead
 
 logger = logging.getLogger("celery_delayed.scheduler")
@@ -98,6 +102,8 @@ class Recurrer(BackgroundThread):
         self._next_sync = 0.0
         self._next_index = 0.0
         self._names: list[str] = []
+        #: the broken schedules logged: name -> (version, problem)
+        self._broken: dict[str, tuple[int, str]] = {}
 
     # -- thread ----------------------------------------------------------------------
 
@@ -144,15 +150,37 @@ class Recurrer(BackgroundThread):
             fence = held.get(sched.shard)
             if fence is None or sched.paused:
                 continue
+            problem = stored_problem(sched, now)
+            if problem is not None:
+                self._skip_broken(sched, problem)
+                continue
             try:
                 n += self._advance(sched, fence, now)
             except LeaseLost:
                 logger.info("recurring schedules: lost the lease of shard %d", sched.shard)
                 continue
+            except (ValueError, TypeError, LookupError, ArithmeticError) as exc:
+                # a definition the checks let through: this schedule only (a store error ends the tick)
+                self._skip_broken(sched, f"{type(exc).__name__}: {exc}", exc)
+                continue
+            if self._broken.pop(sched.name, None) is not None:
+                logger.info("recurring schedule %r: no longer broken, its occurrences are stored again", sched.name)
             if sched.definition.get("skip_if_running"):
                 self.skip_overlaps(sched, now)
         self.created += n
         return n
+
+    def _skip_broken(self, sched: StoredSchedule, problem: str, exc: Exception | None = None) -> None:
+        """Log a broken schedule once per version and problem (it is skipped at every tick until changed)."""
+        key = (sched.version, problem)
+        if self._broken.get(sched.name) == key:
+            return
+        if len(self._broken) >= 10_000:
+            self._broken.clear()
+        self._broken[sched.name] = key
+        logger.error("recurring schedule %r (version %d) is broken and skipped: %s; add it again with a valid "
+                     "schedule (delayed schedules add) or remove it (delayed schedules remove %s)",
+                     sched.name, sched.version, problem, sched.name, exc_info=exc)
 
     def skip_overlaps(self, sched: StoredSchedule, now: int) -> list[str]:
         """``skip_if_running``: cancel the occurrence about to be released while an earlier one has not finished.

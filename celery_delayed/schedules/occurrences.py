@@ -37,12 +37,15 @@ def occurrence_id(sched: StoredSchedule, fire_ms: int) -> str:
 
 
 def occurrence_jobs(app: Celery, store: Store, sched: StoredSchedule, fires: Sequence[int],
-                    grace_ms: int) -> builtins.list[Prepared]:
+                    grace_ms: int, now_ms: int | None = None) -> builtins.list[Prepared]:
     """Jobs prepared for ``store``: a schedule's occurrences at ``fires`` (ids derived; a stored one is kept).
 
     ``misfire="latest"``: an occurrence released after the next fire time is
-    skipped (the next one runs); ``"skip"``: one released later than
-    ``grace_ms`` (or the next fire) is skipped; ``"each"``: it runs however late.
+    skipped (the next one runs), except the missed one a catch-up stores
+    (due at or before ``now_ms``): it has ``grace_ms`` from now, so that the
+    moments its release takes cannot make it miss the next fire time and
+    skip it after all; ``"skip"``: one released later than ``grace_ms`` (or
+    the next fire) is skipped; ``"each"``: it runs however late.
     """
     d = sched.definition
     task = app.tasks.get(d["task"])
@@ -54,6 +57,8 @@ def occurrence_jobs(app: Celery, store: Store, sched: StoredSchedule, fires: Seq
         if d["misfire"] != "each":
             gap = period_ms(spec, fire, sched.origin_ms, tz)
             late = gap if d["misfire"] == "latest" else min(gap, grace_ms)
+            if d["misfire"] == "latest" and now_ms is not None and fire <= now_ms:
+                late = max(late, now_ms - fire + grace_ms)
             opts |= {"max_lateness": max(late - 1, 1) / 1000, "misfire": "skip"}
         when = datetime.fromtimestamp(fire / 1000, timezone.utc)
         p = prepare(app, store, d["task"], d["args"], d["kwargs"], when,
@@ -119,27 +124,36 @@ def store_ahead(app: Celery, store: Store, sched: StoredSchedule, owner: str, fe
         return 0
     fires, cursor = todo
     app_store = get_store(app)  # the occurrences go through the app's store, as apply_later's jobs do
-    results = store_prepared(app, app_store, occurrence_jobs(app, app_store, sched, fires, GRACE_MS))
+    results = store_prepared(app, app_store, occurrence_jobs(app, app_store, sched, fires, GRACE_MS, now_ms))
     pairs = [(r.id, f) for r, f in zip(results, fires, strict=True)]
     rec = store.schedules
     if rec.advance_schedule(sched, owner, fence, cursor, pairs):
         return sum(1 for r in results if r.created)
     cur = rec.get(sched.name)
     if cur is None or cur.version != sched.version or cur.paused:
-        # changed, paused or removed since read: what was just stored belongs to the old definition
-        cancel_occurrences(store, sched.shard, [r.id for r in results if r.created])
+        # changed, paused or removed since read: what was just stored belongs to the old definition, and
+        # never runs (the release loop may have released one due within the look-ahead meanwhile)
+        cancel_occurrences(store, sched.shard, [r.id for r in results if r.created], released=True)
     # else another scheduler moved the cursor first: it covers the same ids (derived from the version)
     return 0
 
 
-def cancel_occurrences(store: Store, shard: int, ids: Sequence[str]) -> int:
-    """Cancel the occurrences among ``ids`` not yet released (a change, pause or removal); return how many."""
+#: States of an occurrence released and not started (``cancel_occurrences(released=True)`` cancels them too).
+_RELEASED = frozenset({JobState.QUEUED, JobState.CLAIMED})
+
+
+def cancel_occurrences(store: Store, shard: int, ids: Sequence[str], released: bool = False) -> int:
+    """Cancel the occurrences among ``ids`` not yet released (a change, pause or removal); return how many.
+
+    ``released``: those released and not started too (the worker skips them).
+    """
     if not ids:
         return 0
     states = store.lookup.record_states(shard, ids)
     n = 0
     for job_id in ids:
-        if states.get(job_id) == JobState.SCHEDULED:
+        state = states.get(job_id)
+        if state == JobState.SCHEDULED or (released and state in _RELEASED):
             try:
                 store.jobs.cancel(job_id, shard)
                 n += 1

@@ -31,11 +31,15 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from ..errors import InvalidOption
+from ..timeutil import MAX_DELAY_MS
 
 #: How far ahead (and back) a cron is searched for a matching day (covers 29 February on a given weekday).
 _MAX_DAYS = 366 * 30
 #: The shortest interval (each occurrence is a stored job: a shorter one would be a busy loop).
 MIN_INTERVAL_S = 0.1
+#: The longest interval: ``apply_later``'s longest delay (about 316 years), so that every fire time
+#: stays a valid due time (and a valid ``datetime``).
+MAX_INTERVAL_S = MAX_DELAY_MS // 1000
 #: Fields of a crontab, in the order of a five-field cron line's last three, as Celery names them.
 CRON_FIELDS = ("minute", "hour", "day_of_month", "month_of_year", "day_of_week")
 
@@ -164,8 +168,11 @@ def parse_spec(value: object) -> Spec:
 
 
 def _every(seconds: object) -> Every:
-    if not isinstance(seconds, int | float) or not math.isfinite(seconds) or seconds < MIN_INTERVAL_S:
-        raise InvalidOption(f"an interval must be at least {MIN_INTERVAL_S} s, got {seconds!r}")
+    if (not isinstance(seconds, int | float) or not math.isfinite(seconds)
+            or not MIN_INTERVAL_S <= seconds <= MAX_INTERVAL_S):
+        raise InvalidOption(f"an interval must be between {MIN_INTERVAL_S} s and {MAX_INTERVAL_S:,} s "
+                            f"(about 316 years, the longest delay apply_later takes), got {seconds!r}; "
+                            "for a rare schedule use a cron line")
     return Every(round(seconds * 1000))
 
 

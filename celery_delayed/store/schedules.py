@@ -40,6 +40,8 @@ class StoredSchedule:
     last_raw: str  # the cursor as stored: advance_schedule compares it verbatim
     paused: bool
     updated_ms: int
+    #: why the record cannot be read ('' when it can): then ``definition`` is empty
+    error: str = ""
 
     @property
     def last_ms(self) -> int:
@@ -47,19 +49,35 @@ class StoredSchedule:
         return int(float(self.last_raw or 0))
 
     @classmethod
-    def from_hash(cls, shard: int, h: dict[str, str]) -> StoredSchedule | None:
-        """Parse a schedule's hash (None: no such schedule, or not a readable one)."""
+    def from_hash(cls, shard: int, h: dict[str, str], name: str = "") -> StoredSchedule | None:
+        """Parse a schedule's hash (None: no such schedule).
+
+        A record that cannot be parsed (written by hand, say) is returned with
+        its ``error`` set rather than raised, so that one bad record breaks no
+        listing of the others.
+        """
         if not h or ScheduleField.DEFINITION not in h:
             return None
-        return cls(
-            name=h.get(ScheduleField.NAME, ""), shard=shard,
-            definition=json.loads(h[ScheduleField.DEFINITION]),
-            source=h.get(ScheduleField.SOURCE, ""), config_hash=h.get(ScheduleField.CONFIG_HASH),
-            version=int(h.get(ScheduleField.VERSION, "0")), epoch=h.get(ScheduleField.EPOCH, ""),
-            origin_ms=int(float(h.get(ScheduleField.ORIGIN, "0"))),
-            last_raw=h.get(ScheduleField.LAST, "0"), paused=h.get(ScheduleField.PAUSED) == "1",
-            updated_ms=int(float(h.get(ScheduleField.UPDATED, "0"))),
-        )
+        name = h.get(ScheduleField.NAME) or name
+        try:
+            definition = json.loads(h[ScheduleField.DEFINITION])
+            if not isinstance(definition, dict):
+                raise ValueError(f"the definition is not a JSON object: {h[ScheduleField.DEFINITION][:100]!r}")
+            return cls(
+                name=name, shard=shard, definition=definition,
+                source=h.get(ScheduleField.SOURCE, ""), config_hash=h.get(ScheduleField.CONFIG_HASH),
+                version=int(h.get(ScheduleField.VERSION, "0")), epoch=h.get(ScheduleField.EPOCH, ""),
+                origin_ms=int(float(h.get(ScheduleField.ORIGIN, "0"))),
+                last_raw=h.get(ScheduleField.LAST, "0"), paused=h.get(ScheduleField.PAUSED) == "1",
+                updated_ms=int(float(h.get(ScheduleField.UPDATED, "0"))),
+            )
+        except (ValueError, OverflowError) as exc:  # JSONDecodeError is a ValueError
+            version = h.get(ScheduleField.VERSION, "0")
+            return cls(name=name, shard=shard, definition={}, source=h.get(ScheduleField.SOURCE, ""),
+                       config_hash=h.get(ScheduleField.CONFIG_HASH),
+                       version=int(version) if version.isdigit() else 0, epoch=h.get(ScheduleField.EPOCH, ""),
+                       origin_ms=0, last_raw="0", paused=h.get(ScheduleField.PAUSED) == "1", updated_ms=0,
+                       error=f"its record cannot be read: {exc}")
 
 
 class ScheduleRecords(Facet):
@@ -174,8 +192,8 @@ class ScheduleRecords(Facet):
         for s, n in pairs:
             pipe.hgetall(self.keys.shard(s).schedule(n))
         out = []
-        for (s, _), raw in zip(pairs, pipe.execute(), strict=True):
-            sched = StoredSchedule.from_hash(s, {_text(k): _text(v) for k, v in raw.items()})
+        for (s, n), raw in zip(pairs, pipe.execute(), strict=True):
+            sched = StoredSchedule.from_hash(s, {_text(k): _text(v) for k, v in raw.items()}, n)
             if sched is not None:
                 out.append(sched)
         return out
@@ -199,4 +217,4 @@ class ScheduleRecords(Facet):
 
 
 def _text(value: Any) -> str:
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)

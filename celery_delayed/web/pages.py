@@ -268,7 +268,8 @@ def recurring(rows: Sequence[Any]) -> str:
     """The recurring schedules (``celery_delayed.schedules.list``): definition, next fire, last occurrences."""
     trs = "".join(
         f"<tr><td>{e(r.name)}</td><td>{e(r.task)}</td><td class=mono>{e(r.schedule)}</td><td>{e(r.timezone)}</td>"
-        f"<td class=mono>{'paused' if r.paused else e(when(r.next_fire_ms))}</td><td>{e(r.misfire)}</td>"
+        f"<td class=mono>{e(r.error) if r.error else 'paused' if r.paused else e(when(r.next_fire_ms))}</td>"
+        f"<td>{e(r.misfire)}</td>"
         f"<td>{e(r.source)}</td><td class=mono>"
         + " ".join(f'<a href="{e(jpath(i))}">{e(when(f))}</a>' for i, f in r.occurrences[-3:])
         + "</td></tr>" for r in rows)

@@ -22,7 +22,13 @@ def invoke(app, *args: str) -> Result:
 
 @pytest.fixture
 def sapp(redis_url, uid):
-    return make_app(redis_url, uid, delayed_shards=4)
+    app = make_app(redis_url, uid, delayed_shards=4)
+    app.task(name="e2e.mark", shared=False)(mark)  # registered (as a schedule's task must be, unless --no-strict)
+    return app
+
+
+def mark(*args: object) -> None:
+    """The schedules' task."""
 
 
 def test_add_list_show_pause_resume_run_now_remove(sapp):
@@ -67,6 +73,72 @@ def test_bad_input_gets_one_clear_line(sapp):
     res = invoke(sapp, "schedules", "add", "x", "e2e.mark", "--every", "5", "--args", "{")
     assert res.exit_code == 2
     assert invoke(sapp, "schedules", "list").stdout == ""
+
+
+def test_an_interval_too_long_for_a_date_or_not_finite_is_refused_before_anything_is_stored(sapp):
+    # 1e12 s: its fire times would be past the year 9999 (a traceback after storing it, before)
+    for every in ("1e12", "inf", "-inf", "nan", "0.01"):
+        res = invoke(sapp, "schedules", "add", "huge", "e2e.mark", "--every", every)
+        assert res.exit_code == 1 and "an interval must be between 0.1 s and 10,000,000,000 s" in res.output, (
+            every, res.output)
+        assert "Traceback" not in res.output and isinstance(res.exception, SystemExit)
+    assert invoke(sapp, "schedules", "list").stdout == ""
+
+
+def test_an_empty_timezone_is_refused_not_taken_for_the_default(sapp):
+    res = invoke(sapp, "schedules", "add", "x", "e2e.mark", "--every", "5", "--timezone", "")
+    assert res.exit_code == 1 and "timezone must be an IANA name such as 'Europe/Berlin', got ''" in res.output
+    assert invoke(sapp, "schedules", "list").stdout == ""
+
+
+def test_a_task_this_app_does_not_register_is_refused_unless_no_strict(sapp):
+    """As apply_later refuses it unless strict=False."""
+    res = invoke(sapp, "schedules", "add", "b17", "no.such.task", "--every", "5")
+    assert res.exit_code == 1 and "schedule 'b17': no task named 'no.such.task' is registered" in res.output
+    assert "pass --no-strict" in res.output and "strict=False" not in res.output
+    assert invoke(sapp, "schedules", "list").stdout == ""
+    res = invoke(sapp, "schedules", "add", "b17", "no.such.task", "--every", "5", "--no-strict")
+    assert res.exit_code == 0, res.output
+    assert [line.split()[:2] for line in invoke(sapp, "schedules", "list").stdout.splitlines()] == [
+        ["b17", "no.such.task"]]
+
+
+def test_a_broken_stored_schedule_is_shown_as_broken_and_breaks_no_listing(sapp):
+    """A record an older version accepted (``--every 1e12``), written into the store directly."""
+    import urllib.request
+
+    from celery_delayed import get_store
+    from celery_delayed.schedules.definition import definition
+    from celery_delayed.web import make_server, serve_in_thread
+
+    assert invoke(sapp, "schedules", "add", "poll", "e2e.mark", "--every", "30").exit_code == 0
+    huge = definition(sapp, "huge", {"task": "e2e.mark", "schedule": 5}) | {"spec": {"every_ms": 10**15}}
+    get_store(sapp).schedules.put_schedule("huge", huge, "api")
+    res = invoke(sapp, "schedules", "list")
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.splitlines()
+    assert [line.split()[0] for line in lines] == ["huge", "poll"]
+    assert lines[0].startswith("huge  e2e.mark  broken: an interval must be between 0.1 s and 10,000,000,000 s")
+    assert "every 30s" in lines[1] and "next " in lines[1]
+    rows = [json.loads(x) for x in invoke(sapp, "schedules", "list", "--json").stdout.splitlines()]
+    assert rows[0]["error"].startswith("broken: ") and rows[1]["error"] == ""
+    res = invoke(sapp, "schedules", "show", "huge")
+    assert res.exit_code == 0 and json.loads(res.stdout)["error"].startswith("broken: an interval"), res.output
+    assert "schedule huge: broken: an interval" in res.stderr
+    res = invoke(sapp, "schedules", "run-now", "huge")
+    assert res.exit_code == 1 and "schedule 'huge' is broken: an interval" in res.output
+    server = make_server(sapp, "127.0.0.1", 0)
+    serve_in_thread(server)
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/schedules"
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            assert resp.status == 200
+            page = resp.read().decode()
+        assert "broken: an interval must be between 0.1 s and 10,000,000,000 s" in page and "every 30s" in page
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert invoke(sapp, "schedules", "remove", "huge").exit_code == 0
 
 
 def test_the_dashboard_lists_the_schedules(sapp):

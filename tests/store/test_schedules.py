@@ -11,7 +11,7 @@ from support import make_app
 
 from celery_delayed import get_store
 from celery_delayed import schedules as api
-from celery_delayed.errors import InvalidOption, ScheduleNotFound
+from celery_delayed.errors import InvalidOption, ScheduleNotFound, UnknownTask
 from celery_delayed.schedules.definition import definition
 from celery_delayed.schedules.keeper import Recurrer
 from celery_delayed.schedules.occurrences import occurrence_id, plan
@@ -83,6 +83,26 @@ def test_two_recurrers_on_the_same_cursor_store_one_set_of_jobs(app):
     assert sum(store.redis.client.zcard(store.keys.shard(x).due) for x in range(4)) == len(f1[0])
 
 
+def test_occurrences_stored_for_a_schedule_removed_meanwhile_never_run_even_once_released(app, monkeypatch):
+    """A keeper read the schedule, it was removed, then the keeper stored its occurrences: its cursor move
+    fails and it cancels them, though the release loop released the first one in between (the real
+    release script runs between the keeper's store and its cursor move)."""
+    put(app, "gone", {"task": "e2e.mark", "schedule": 10})
+    stale = get_store(app).schedules.get("gone")
+    api.remove(app, "gone")
+    rec = get_store(app).schedules
+    advance = rec.advance_schedule
+
+    def released_first(*args, **kwargs):
+        assert release(app, T0 + 10_000)[0] == [occurrence_id(stale, T0 + 10_000)]
+        return advance(*args, **kwargs)
+
+    monkeypatch.setattr(rec, "advance_schedule", released_first)
+    assert recurrer(app)._advance(stale, "", T0 + 9_000) == 0
+    states = get_store(app).lookup.record_states(stale.shard, [occurrence_id(stale, T0 + k * 10_000) for k in (1, 2)])
+    assert list(states.values()) == ["CANCELLED", "CANCELLED"]
+
+
 def test_after_an_outage_the_latest_missed_occurrence_runs_once(app):
     put(app, "late", {"task": "e2e.mark", "schedule": 10})
     r = recurrer(app)
@@ -95,6 +115,18 @@ def test_after_an_outage_the_latest_missed_occurrence_runs_once(app):
     s = get_store(app).schedules.get("late")
     assert sent == [occurrence_id(s, T0 + 100_000)]  # the latest, once
     assert get_store(app).schedules.get("late").last_ms > now
+
+
+def test_the_caught_up_occurrence_runs_though_its_release_comes_just_after_the_next_fire_time(app):
+    put(app, "late", {"task": "e2e.mark", "schedule": 10})
+    r = recurrer(app)
+    r.tick(now_ms=T0)
+    now = T0 + 109_500  # back 0.5 s before the next fire time: the latest missed one is T0 + 100 s
+    r.tick(now_ms=now)
+    s = get_store(app).schedules.get("late")
+    sent, _ = release(app, now + 600)  # released a moment later: past T0 + 110 s
+    assert occurrence_id(s, T0 + 100_000) in sent  # not skipped: it has a grace from when it was stored
+    assert occurrence_id(s, T0 + 110_000) in sent  # and the next one runs on time
 
 
 def test_misfire_each_runs_every_missed_occurrence_capped(app):
@@ -163,9 +195,12 @@ def test_api_list_get_pause_resume_remove_run_now(app):
     assert [s.name for s in listed] == ["a", "b"]
     a = api.get(app, "a")
     assert a.schedule == "cron */5 * * * *" and a.timezone == "Europe/Berlin" and a.next_fire_ms is not None
+    pending = [i for i, _ in api.get(app, "b").occurrences]
+    assert pending  # stored by the tick
     assert api.pause(app, "b") is True and api.pause(app, "b") is False
     store = get_store(app)
-    assert {store.lookup.get(i)["st"] for i, _ in api.get(app, "b").occurrences} <= {"CANCELLED"}
+    assert [store.lookup.get(i)["st"] for i in pending] == ["CANCELLED"] * len(pending)
+    assert api.get(app, "b").occurrences == []
     assert recurrer(app).tick() == 0  # paused: nothing stored
     assert api.resume(app, "b") is True  # stores its next occurrence itself
     assert [f > store.redis.now_ms() for _, f in api.get(app, "b").occurrences] == [True]
@@ -185,6 +220,10 @@ def test_api_list_get_pause_resume_remove_run_now(app):
 def test_bad_entries_are_refused_and_store_nothing(app):
     for entry, match in [({"schedule": 5}, "task"), ({"task": "e2e.mark"}, "schedule"),
                          ({"task": "e2e.mark", "schedule": 5, "timezone": "Nowhere/X"}, "time zone"),
+                         ({"task": "e2e.mark", "schedule": 5, "timezone": ""}, "timezone must be an IANA name"),
+                         ({"task": "e2e.mark", "schedule": 5, "timezone": 7}, "timezone must be an IANA name"),
+                         ({"task": "e2e.mark", "schedule": 1e12}, "interval must be between"),
+                         ({"task": "e2e.mark", "schedule": float("inf")}, "interval must be between"),
                          ({"task": "e2e.mark", "schedule": 5, "misfire": "sometimes"}, "misfire"),
                          ({"task": "e2e.mark", "schedule": 5, "args": [object()]}, "JSON"),
                          ({"task": "e2e.mark", "schedule": 5, "color": "red"}, "unknown key"),
@@ -194,6 +233,11 @@ def test_bad_entries_are_refused_and_store_nothing(app):
             definition(app, "bad", entry)
     app.conf.delayed_schedule = {"bad": {"task": "e2e.mark", "schedule": -1}}
     recurrer(app).tick()
+    assert api.list(app) == []
+    with pytest.raises(InvalidOption, match="interval must be between"):
+        api.add(app, "huge", "e2e.mark", 1e12, strict=False)
+    with pytest.raises(UnknownTask, match=r"schedule 'b17': no task named 'no\.such\.task'.*strict=False"):
+        api.add(app, "b17", "no.such.task", 5)
     assert api.list(app) == []
 
 
@@ -361,3 +405,48 @@ def test_the_testing_kit_runs_recurring_schedules_by_its_clock(redis_url):
                        ("31 02:30", "nightly")]
         schedules_now = api.list(kapp)
         assert [s.name for s in schedules_now] == ["nightly"] and schedules_now[0].source == "config"
+
+
+def test_a_broken_stored_schedule_is_listed_as_broken_skipped_once_logged_and_breaks_no_other(app, caplog):
+    """Records a check refuses now, written into the store directly: one an older version accepted (an interval
+    of 1e12 s, whose fire times are no dates), and one that is not even JSON."""
+    rec = get_store(app).schedules
+    put(app, "good", {"task": "e2e.mark", "schedule": 10})
+    huge = definition(app, "huge", {"task": "e2e.mark", "schedule": 10}) | {"spec": {"every_ms": 10**15}}
+    rec.put_schedule("huge", huge, "api", now_ms=T0)
+    rec.put_schedule("mangled", definition(app, "mangled", {"task": "e2e.mark", "schedule": 10}), "api", now_ms=T0)
+    shard = rec.shard_of("mangled")
+    get_store(app).redis.client.hset(get_store(app).keys.shard(shard).schedule("mangled"), "def", "{not json")
+    # and one whose fire times compute but whose occurrences cannot be made (found when storing them)
+    badopts = definition(app, "badopts", {"task": "e2e.mark", "schedule": 10}) | {"options": {"priority": "high"}}
+    rec.put_schedule("badopts", badopts, "api", now_ms=T0)
+    # the listing shows every schedule, the broken ones saying what is wrong
+    listed = {s.name: s for s in api.list(app)}
+    assert sorted(listed) == ["badopts", "good", "huge", "mangled"]
+    assert listed["good"].error == "" and listed["good"].next_fire_ms is not None
+    assert listed["huge"].error.startswith("broken: an interval must be between 0.1 s and 10,000,000,000 s")
+    assert listed["huge"].next_fire_ms is None and listed["huge"].task == "e2e.mark"
+    assert listed["mangled"].error.startswith("broken: its record cannot be read")
+    assert api.get(app, "huge").error == listed["huge"].error
+    # the keeper stores the good one's occurrences and skips the broken ones, one ERROR line each
+    r = recurrer(app)
+    caplog.set_level("INFO", logger="celery_delayed.scheduler")
+    for k in range(3):
+        r.tick(now_ms=T0 + k * 1_000)
+    assert [f for _, f in rec.occurrences("good")] == [T0 + 10_000]
+    assert rec.occurrences("huge") == rec.occurrences("mangled") == rec.occurrences("badopts") == []
+    errors = [x for x in caplog.records if x.levelname == "ERROR"]
+    assert sorted(x.args[0] for x in errors) == ["badopts", "huge", "mangled"], [x.getMessage() for x in errors]
+    assert [x.exc_info is None for x in sorted(errors, key=lambda x: x.args[0])] == [False, True, True]
+    assert "InvalidOption: priority" in next(x.getMessage() for x in errors if x.args[0] == "badopts")
+    assert "is broken and skipped: an interval must be between" in next(
+        x.getMessage() for x in errors if x.args[0] == "huge")
+    # what needs its definition refuses clearly; a fix (added again) or a removal works
+    with pytest.raises(InvalidOption, match="'huge' is broken: an interval"):
+        api.run_now(app, "huge")
+    assert api.resume(app, "huge") is False  # not paused; nothing stored for it
+    api.add(app, "huge", "e2e.mark", 60, strict=False)
+    fixed = api.get(app, "huge")
+    assert fixed.error == "" and fixed.occurrences and fixed.next_fire_ms is not None
+    assert api.remove(app, "mangled") == 0
+    assert [s.name for s in api.list(app)] == ["badopts", "good", "huge"]

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from celery_delayed.errors import InvalidOption
 from celery_delayed.schedules.rules import (
+    MAX_INTERVAL_S,
     Cron,
     Every,
     fires_between,
@@ -181,10 +182,22 @@ def test_parse_spec_accepts_celery_objects_numbers_and_lines():
     assert parse_spec(Every(5_000).to_json()) == Every(5_000)
 
 
-@pytest.mark.parametrize("bad", [0, -1, 0.05, float("nan"), True, "* * *", "61 * * * *", {"x": 1}, object()])
+@pytest.mark.parametrize("bad", [0, -1, 0.05, float("nan"), float("inf"), float("-inf"), 1e12, MAX_INTERVAL_S + 1,
+                                 timedelta(days=366 * 400), {"every_ms": 10**15}, True, "* * *", "61 * * * *",
+                                 {"x": 1}, object()])
 def test_parse_spec_refuses_bad_input_clearly(bad):
     with pytest.raises(InvalidOption):
         parse_spec(bad)
+
+
+def test_an_interval_is_bounded_by_the_longest_delay_so_its_fire_times_stay_dates():
+    with pytest.raises(InvalidOption, match=r"between 0.1 s and 10,000,000,000 s .*got 1000000000000.0"):
+        parse_spec(1e12)
+    longest = parse_spec(MAX_INTERVAL_S)
+    assert longest == Every(MAX_INTERVAL_S * 1000)
+    now = utc("2026-01-01 00:00")
+    fire = next_after(longest, now, now, timezone.utc)
+    assert datetime.fromtimestamp(fire / 1000, timezone.utc).year == 2342  # a date, due before the year 5138
 
 
 def test_solar_and_unknown_zone_are_refused():
