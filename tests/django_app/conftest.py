@@ -104,11 +104,11 @@ def admin_app(dj: str, redis_url: str, uid: str) -> Celery:
 
     app = make_app(redis_url, uid)
 
-    @app.task(base=DelayedTask, name="shop.remind")
+    @app.task(base=DelayedTask, name="shop.remind", shared=False)
     def remind(order: int, **kwargs: Any) -> int:
         return order
 
-    @app.task(base=DelayedTask, name="e2e.mark")
+    @app.task(base=DelayedTask, name="e2e.mark", shared=False)
     def mark(*args: Any, **kwargs: Any) -> None:
         return None
 
