@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import quote
 from zoneinfo import ZoneInfo
@@ -21,7 +21,7 @@ from celery import Celery
 from conftest import client_for
 from django.test import override_settings
 
-from celery_delayed import DelayedTask, apply_later, controls, dlq, get_store, lookup, schedules
+from celery_delayed import DelayedTask, apply_later, controls, dlq, lookup, schedules
 from celery_delayed.testing import DelayedTestKit
 
 JOBS = "/admin/celery_delayed/pendingjob/"

@@ -146,7 +146,7 @@ def test_another_database_gets_no_tables_and_a_warning(dj: str) -> None:
     from celery_delayed.contrib.django.operations import TablesSQL
 
     class Editor:  # a schema editor on a database the source of truth does not support
-        class connection:  # noqa: N801
+        class connection:
             alias, vendor = "default", "mysql"
 
         def execute(self, sql: str, params: Any = None) -> None:

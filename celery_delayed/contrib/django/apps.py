@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.apps import AppConfig
 
 
-class CeleryDelayedConfig(AppConfig):  # type: ignore[misc]  (Django is not type-checked here)
+class CeleryDelayedConfig(AppConfig):  # type: ignore[misc]  # Django is not type-checked here
     """``celery_delayed.contrib.django``: the tables' migrations, the admin and the settings checks."""
 
     name = "celery_delayed.contrib.django"

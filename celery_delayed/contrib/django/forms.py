@@ -22,7 +22,7 @@ KINDS = (("interval", "Interval (every N seconds of elapsed time)"),
 CRON_FIELDS = ("minute", "hour", "day_of_month", "month_of_year", "day_of_week")
 
 
-class ScheduleForm(forms.Form):  # type: ignore[misc]  (Django is not type-checked here)
+class ScheduleForm(forms.Form):  # type: ignore[misc]  # Django is not type-checked here
     """One recurring schedule (see the module docstring)."""
 
     name = forms.CharField(max_length=200, help_text="Unique; occurrences' ids derive from it.")

@@ -20,7 +20,7 @@ from __future__ import annotations
 from django.db import models
 
 
-class _InStore(models.Model):  # type: ignore[misc]  (Django is not type-checked here)
+class _InStore(models.Model):  # type: ignore[misc]  # Django is not type-checked here
     """An object of the store, named by its id (a job id, or a schedule's name)."""
 
     id = models.CharField(max_length=512, primary_key=True, verbose_name="id")

@@ -32,7 +32,7 @@ logger = logging.getLogger("celery_delayed.django")
 VENDORS = ("postgresql", "sqlite")
 
 
-class TablesSQL(Operation):  # type: ignore[misc]  (Django is not type-checked here)
+class TablesSQL(Operation):  # type: ignore[misc]  # Django is not type-checked here
     """Run ``forwards`` (``backwards`` when unapplied) on PostgreSQL or SQLite; elsewhere nothing, with a warning."""
 
     reversible = True

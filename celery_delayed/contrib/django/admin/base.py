@@ -66,7 +66,7 @@ def parse_when(text: str) -> float | datetime:
     return timezone.make_aware(dt, timezone.get_current_timezone()) if timezone.is_naive(dt) else dt
 
 
-class StoreAdmin(admin.ModelAdmin):  # type: ignore[misc]  (Django is not type-checked here)
+class StoreAdmin(admin.ModelAdmin):  # type: ignore[misc]  # Django is not type-checked here
     """A ModelAdmin over objects of the store (see the module docstring)."""
 
     #: Rows per page of a list.
@@ -91,7 +91,8 @@ class StoreAdmin(admin.ModelAdmin):  # type: ignore[misc]  (Django is not type-c
     def url(self, view: str, object_id: str | None = None) -> str:
         """The URL of one of this admin's views (``object_id`` quoted as the admin quotes it)."""
         name = f"admin:{self.opts.app_label}_{self.opts.model_name}_{view}"
-        return reverse(name, args=[] if object_id is None else [quote(object_id)], current_app=self.admin_site.name)
+        return str(reverse(name, args=[] if object_id is None else [quote(object_id)],
+                           current_app=self.admin_site.name))
 
     def render(self, request: HttpRequest, template: str, title: str, context: dict[str, Any]) -> TemplateResponse:
         """A page of the admin's look (``admin/base_site.html``) with this model's context."""

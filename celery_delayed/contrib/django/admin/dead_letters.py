@@ -7,6 +7,7 @@ cheap). Requeue needs the change permission, purge the delete permission.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 from urllib.parse import urlencode
 
@@ -21,6 +22,10 @@ from .jobs import job_page
 
 #: The changelist's actions: name -> label.
 ACTIONS = {"requeue": "Requeue selected dead letters"}
+
+
+def _requeue(app: Any, job_id: str) -> str:
+    return f"requeued, due {local(dlq.requeue(app, job_id))}"
 
 
 class DeadLetterAdmin(StoreAdmin):
@@ -38,7 +43,7 @@ class DeadLetterAdmin(StoreAdmin):
             if request.POST.get("action") not in ACTIONS or not ids:
                 messages.warning(request, "Select the dead letters and the action to run on them.")
             for jid in ids:
-                self.act(request, jid, "requeue", lambda jid=jid: f"requeued, due {local(dlq.requeue(app, jid))}")
+                self.act(request, jid, "requeue", partial(_requeue, app, jid))
             return self.back(request, self.url("changelist"))
         task = request.GET.get("task") or None
         page = request.GET.get("p", "0")

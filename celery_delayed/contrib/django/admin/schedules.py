@@ -11,6 +11,7 @@ at once.
 from __future__ import annotations
 
 import json
+from functools import partial
 from typing import Any
 
 from django.contrib import messages
@@ -35,6 +36,10 @@ def _enable(app: Any, name: str, enabled: bool) -> str:
     return "disabled (pending occurrences cancelled)" if schedules.pause(app, name) else "was disabled already"
 
 
+def _run_now(app: Any, name: str) -> str:
+    return f"run now as job {schedules.run_now(app, name).id}"
+
+
 class ScheduleAdmin(StoreAdmin):
     """Recurring schedules (see the module docstring)."""
 
@@ -48,8 +53,8 @@ class ScheduleAdmin(StoreAdmin):
                  "timezone": s.timezone, "enabled": not s.paused, "next": local(s.next_fire_ms, now),
                  "source": "settings" if s.source == "config" else "admin / API", "misfire": s.misfire}
                 for s in schedules.list(app)]
-        actions = {k: label for k, (label, perm) in ACTIONS.items()
-                   if (self.has_delete_permission(request) if perm == "delete" else self.has_change_permission(request))}
+        may = {"change": self.has_change_permission(request), "delete": self.has_delete_permission(request)}
+        actions = {k: label for k, (label, perm) in ACTIONS.items() if may[perm]}
         return self.render(request, "admin/celery_delayed/schedules.html", "Recurring schedules", {
             "rows": rows, "actions": actions, "back": request.get_full_path(), "add_url": self.url("add")})
 
@@ -62,11 +67,11 @@ class ScheduleAdmin(StoreAdmin):
         self.require(request, ACTIONS[action][1])
         for name in names:
             if action in ("enable", "disable"):
-                self.act(request, name, action, lambda name=name: _enable(app, name, action == "enable"))
+                self.act(request, name, action, partial(_enable, app, name, action == "enable"))
             elif action == "run_now":
-                self.act(request, name, "run now", lambda name=name: f"run now as job {schedules.run_now(app, name).id}")
+                self.act(request, name, "run now", partial(_run_now, app, name))
             else:
-                self.act(request, name, "delete", lambda name=name: self._remove(request, app, name))
+                self.act(request, name, "delete", partial(self._remove, request, app, name))
         return self.back(request, self.url("changelist"))
 
     def _remove(self, request: HttpRequest, app: Any, name: str) -> str:
@@ -102,7 +107,7 @@ class ScheduleAdmin(StoreAdmin):
         if request.method == "POST":
             self.require(request, "change" if current is not None else "add")
             if current is not None and request.POST.get("action") == "run_now":
-                self.act(request, current.name, "run now", lambda: f"run now as job {schedules.run_now(app, current.name).id}")
+                self.act(request, current.name, "run now", partial(_run_now, app, current.name))
                 return HttpResponseRedirect(request.path)
             form = ScheduleForm(request.POST, app=app, editing=current is not None, options=options,
                                 initial=initial)
@@ -135,8 +140,8 @@ class ScheduleAdmin(StoreAdmin):
         from django.contrib.admin.utils import quote
         from django.urls import reverse
 
-        return reverse(f"admin:{self.opts.app_label}_pendingjob_change", args=[quote(job_id)],
-                       current_app=self.admin_site.name)
+        return str(reverse(f"admin:{self.opts.app_label}_pendingjob_change", args=[quote(job_id)],
+                           current_app=self.admin_site.name))
 
     @staticmethod
     def _initial(app: Any, s: schedules.Schedule) -> dict[str, Any]:

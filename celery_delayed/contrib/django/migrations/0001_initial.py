@@ -51,7 +51,7 @@ def _unmanaged(name: str, verbose: str, verbose_plural: str, permissions: tuple[
     )
 
 
-class Migration(migrations.Migration):
+class Migration(migrations.Migration):  # type: ignore[misc]  # Django is not type-checked here
     initial = True
     dependencies: ClassVar[list[tuple[str, str]]] = []
     operations: ClassVar[list[Any]] = [

@@ -18,7 +18,7 @@ STORES = """CREATE TABLE IF NOT EXISTS delayed_stores (
 )"""
 
 
-class Migration(migrations.Migration):
+class Migration(migrations.Migration):  # type: ignore[misc]  # Django is not type-checked here
     dependencies: ClassVar[list[tuple[str, str]]] = [("celery_delayed", "0001_initial")]
     operations: ClassVar[list[Any]] = [
         TablesSQL(
