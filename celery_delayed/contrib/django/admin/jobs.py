@@ -102,7 +102,8 @@ class PendingJobAdmin(StoreAdmin):
         now = store.redis.now_ms()
         for row in rows:
             row["url"] = self.url("change", row["id"])
-            row["due_local"] = local(row["due"], now)
+            row["due_local"] = local(row["due"])
+            row["due_ago"] = describe.ago(row["due"], now)
         base = {k: v for k, v in (("task", task), ("queue", queue), ("state", "held" if held else None)) if v}
         filters = self._filters(routes, base)
         return self.render(request, "admin/celery_delayed/pending_list.html", "Pending jobs", {

@@ -133,7 +133,11 @@ class ScheduleAdmin(StoreAdmin):
             "occurrences": [(jid, local(fire, now), self._job_url(jid)) for jid, fire in current.occurrences[-10:]]
             if current is not None else [],
             "delete_url": self.url("delete", name) if current is not None else "", "original": current,
-            "app_zone": str(app.conf.timezone or "UTC"),
+            "app_zone": str(app.conf.timezone or "UTC"), "cron_fields": CRON_FIELDS,
+            "fieldsets": [("Task", ("name", "task", "enabled", "args", "kwargs", "queue")),
+                          ("When", ("kind", "every", "minute", "hour", "day_of_month", "month_of_year",
+                                    "day_of_week", "timezone")),
+                          ("Options", ("misfire", "skip_if_running"))],
         })
 
     def _job_url(self, job_id: str) -> str:
