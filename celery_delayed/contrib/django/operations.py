@@ -51,15 +51,15 @@ class TablesSQL(Operation):  # type: ignore[misc]  # Django is not type-checked 
         """No model state: the tables are not Django models."""
 
     def database_forwards(self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any) -> None:
-        self._run(app_label, schema_editor, self.forwards)
+        self._execute(app_label, schema_editor, self.forwards)
 
     def database_backwards(self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any) -> None:
-        self._run(app_label, schema_editor, self.backwards)
+        self._execute(app_label, schema_editor, self.backwards)
 
     def describe(self) -> str:
         return self.description
 
-    def _run(self, app_label: str, schema_editor: Any, statements: Sequence[str]) -> None:
+    def _execute(self, app_label: str, schema_editor: Any, statements: Sequence[str]) -> None:
         connection = schema_editor.connection
         if not router.allow_migrate(connection.alias, app_label):
             return
