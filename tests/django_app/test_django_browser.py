@@ -137,7 +137,8 @@ def test_the_admin_in_chromium(admin_app: Celery, redis_url: str, live_admin: st
         first.click()  # (a checkbox: no new page)
         Select(drv.find_element(By.NAME, "action")).select_by_value("cancel")
         click(drv.find_element(By.CSS_SELECTOR, ".actions button"))
-        assert f"{cancelled}: cancelled (it was SCHEDULED)" in drv.find_element(By.CSS_SELECTOR, ".messagelist").text
+        assert f"Pending job {cancelled}: cancelled (it was SCHEDULED)" in \
+            drv.find_element(By.CSS_SELECTOR, ".messagelist").text
         shot("04-cancelled-from-the-list")
 
         drv.get(live_admin + f"/admin/celery_delayed/pendingjob/{made['reminder']}/change/")

@@ -126,13 +126,14 @@ class StoreAdmin(admin.ModelAdmin):  # type: ignore[misc]  # Django is not type-
 
     def act(self, request: HttpRequest, object_id: str, what: str, call: Callable[[], str]) -> bool:
         """Run one action through the API: a message, and a ``LogEntry`` when it worked; False when it failed."""
+        name = f"{str(self.opts.verbose_name).capitalize()} {object_id}"
         try:
             done = call()
         except DelayedError as exc:
-            messages.error(request, f"{object_id}: {what} failed: {exc}")
+            messages.error(request, f"{name}: {what} failed: {exc}")
             return False
         self.log(request, object_id, done)
-        messages.success(request, f"{object_id}: {done}")
+        messages.success(request, f"{name}: {done}")
         return True
 
     def log(self, request: HttpRequest, object_id: str, message: str, flag: str = "change") -> None:
