@@ -91,6 +91,17 @@ def _users() -> None:
     operator.user_permissions.set(perms.filter(codename__regex=r"^(view|change)_"))
 
 
+@pytest.fixture(autouse=True)
+def _celery_app_put_back() -> Iterator[None]:
+    """The tests make their app the current and default one (the admin acts on it): the previous ones after."""
+    from celery import _state
+
+    default, current = _state.default_app, getattr(_state._tls, "current_app", None)
+    yield
+    _state.set_default_app(default)
+    _state._set_current_app(current)
+
+
 @pytest.fixture
 def dj(django_setup: str) -> str:
     """Django is set up (the SQLite database's URL)."""
