@@ -39,6 +39,10 @@ and says what to do.
     Redis) given the same database and prefix is refused
     (:mod:`celery_delayed.sql.binding`).
 
+The Django app's migrations (``celery_delayed/contrib/django/migrations``)
+create the same tables as SQL text: a change here needs a new migration there
+too (``tests/django_app/test_django_migrations.py`` compares the two schemas).
+
 Indexes: ``(prefix, state, id)`` for the reconciler's keyset scans,
 ``(prefix, created_ms)`` for the outbox sweep, and a unique
 ``(prefix, key_hash, generation)``: an idempotency key is used once per

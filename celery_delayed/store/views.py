@@ -19,6 +19,7 @@ from ..errors import InvalidOption
 from ..vocab import ETA_FALLBACK_LAST, ETA_FALLBACKS, Field, JobState
 from .client import translate_errors
 from .gateway import Store
+from .keys import parse_index_part
 from .paging import PAGE, check_page
 from .records import arguments_of
 
@@ -211,28 +212,57 @@ class Pending:
                 yield (int(due), shard, str(jid))
             start += len(page)
 
-    def _window_keys(self, task: str | None, queue: str | None) -> list[tuple[int, str]]:
-        """(shard, sorted set) of every set a window reads: the due sets and held jobs, or the pending index."""
+    def _window_keys(self, task: str | None, queue: str | None, held: bool = False) -> list[tuple[int, str]]:
+        """(shard, sorted set) of every set a window reads: the due sets and held jobs, the pending index of a
+        task and/or queue, or (``held``) only the jobs a pause holds back."""
         store = self.store
         keys: list[tuple[int, str]] = []
         for s in store.layout.shard_range():
             shard_keys = store.keys.shard(s)
-            if task is not None or queue is not None:
+            if held:
+                keys.append((s, shard_keys.held))
+            elif task is not None or queue is not None:
                 keys += [(s, shard_keys.index(p)) for p in store.jobs.index_parts(s, task, queue)]
             else:
                 keys += [(s, k) for k in _due_keys(store, s)] + [(s, shard_keys.held)]
         return keys
 
-    def count(self, task: str | None = None, queue: str | None = None) -> int:
-        """How many jobs :meth:`window` pages through (of a task and/or queue, if given); two round trips."""
-        keys = self._window_keys(task, queue)
+    def count(self, task: str | None = None, queue: str | None = None, held: bool = False) -> int:
+        """How many jobs :meth:`window` pages through (of a task and/or queue, if given); two round trips.
+
+        With ``held``: every job a pause holds back (a task or queue given too is not counted apart).
+        """
+        keys = self._window_keys(task, queue, held)
         pipe = self.store.redis.client.pipeline(transaction=False)
         for _, k in keys:
             pipe.zcard(k)
         return sum(int(n) for n in pipe.execute())
 
+    def routes(self) -> dict[tuple[str, str], int]:
+        """(task, queue) -> how many scheduled jobs, for every pair that has any: two round trips.
+
+        Read from the pending index (one set per shard, task and queue), never
+        from the jobs: what an operator's filters offer.
+        """
+        store = self.store
+        shards = list(store.layout.shard_range())
+        pipe = store.redis.client.pipeline(transaction=False)
+        for s in shards:
+            pipe.smembers(store.keys.shard(s).index_parts)
+        parts = [(s, str(p)) for s, members in zip(shards, pipe.execute(), strict=True) for p in members]
+        pipe = store.redis.client.pipeline(transaction=False)
+        for s, p in parts:
+            pipe.zcard(store.keys.shard(s).index(p))
+        out: dict[tuple[str, str], int] = {}
+        for (_, p), n in zip(parts, pipe.execute(), strict=True):
+            if int(n):
+                route = parse_index_part(p)
+                out[route] = out.get(route, 0) + int(n)
+        return dict(sorted(out.items()))
+
     def window(self, after: tuple[int, int, str] | None = None, limit: int = 50, task: str | None = None,
-               queue: str | None = None) -> tuple[list[dict[str, Any]], tuple[int, int, str] | None]:
+               queue: str | None = None, held: bool = False,
+               ) -> tuple[list[dict[str, Any]], tuple[int, int, str] | None]:
         """One page of scheduled jobs in due order, after a cursor; return the rows and the next cursor.
 
         Jobs are ordered by due time, then shard, then id. ``after`` is the
@@ -247,14 +277,17 @@ class Pending:
         the cursor's very millisecond, up to :data:`SAME_DUE_CAP`): no page
         scans the store. Rows as :meth:`page`, with ``ik`` (the idempotency
         key), ``created``, and ``args`` / ``kwargs`` (the arguments as the app
-        shows them, :func:`~.records.arguments_of`).
+        shows them, :func:`~.records.arguments_of`). ``held``: only the jobs
+        a pause holds back (due, not released until the pause is lifted); a
+        task or queue given too filters that page's rows, so a page may hold
+        fewer than ``limit`` rows and still have a next one.
 
         Raises:
             InvalidOption: a cursor whose shard is not one of the store's.
         """
         check_page(0, limit)
         store = self.store
-        keys = self._window_keys(task, queue)
+        keys = self._window_keys(task, queue, held)
         ranks: dict[str, int] = {}  # a set of the cursor's shard that holds the cursor's job: the job's rank
         same: dict[str, int] = {}  # one that does not: how many of its jobs are due at the cursor's millisecond
         if after is not None:
@@ -301,6 +334,8 @@ class Pending:
         for (due, s, jid), got in zip(entries, pipe.execute(), strict=True):
             tname, q, st, ik, created, tp, msg, a, k = got
             tname, q = store.lookup.route_of(s, tname, q, tp)
+            if held and ((task is not None and tname != task) or (queue is not None and q != queue)):
+                continue
             compact_args = {f: v for f, v in ((Field.C_ARGSREPR, a), (Field.C_KWARGSREPR, k)) if v is not None}
             args, kwargs = arguments_of(compact_args, msg)
             rows.append({"id": jid, "shard": s, "due": due, "task": tname or "", "queue": q or "",

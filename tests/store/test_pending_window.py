@@ -91,3 +91,33 @@ def test_rows_carry_the_arguments_as_the_app_shows_them(papp):
                                 {"task": "t.full", "q": "q1", "msg": msg})])
     rows = {r["id"]: (r["args"], r["kwargs"]) for r in Pending(store).window(None, 10)[0]}
     assert rows == {compact.id: ("('a', '***')", "{'k': 'v'}"), plain.id: ("()", "{}"), "full-1": ("(9,)", "{'z': 0}")}
+
+
+def test_routes_count_the_pending_jobs_per_task_and_queue(papp):
+    """``routes()`` reads the pending index: (task, queue) -> scheduled jobs; a cancelled job leaves it."""
+    hs = [apply_later(papp, "t.a", when=60, queue=q, strict=False) for q in ("x", "x", "y")]
+    apply_later(papp, "t.b", when=60, queue="x", strict=False)
+    pending = Pending(get_store(papp))
+    assert pending.routes() == {("t.a", "x"): 2, ("t.a", "y"): 1, ("t.b", "x"): 1}
+    cancel(papp, hs[2].id)
+    assert pending.routes() == {("t.a", "x"): 2, ("t.b", "x"): 1}
+
+
+def test_a_held_window_lists_only_what_a_pause_holds_back(papp):
+    """Due jobs of a paused task wait in the held sets: ``held=True`` pages through them alone (a task or
+    queue filters those rows), and counts them."""
+    from celery_delayed import controls
+
+    held = [apply_later(papp, "t.paused", (i,), when=0, strict=False).id for i in range(3)]
+    waiting = apply_later(papp, "t.paused", when=3600, strict=False).id
+    other = apply_later(papp, "t.other", when=0, strict=False).id
+    controls.pause(papp, task="t.paused")
+    store = get_store(papp)
+    for s in store.layout.shard_range():
+        store.release.release_due(s)
+    pending = Pending(store)
+    assert sorted(_all_pages(pending, 2, held=True)) == sorted(held)
+    assert pending.count(held=True) == 3
+    assert sorted(_all_pages(pending, 2, held=True, task="t.paused")) == sorted(held)
+    assert _all_pages(pending, 2, held=True, task="t.other") == []
+    assert waiting in _all_pages(pending, 50) and other not in _all_pages(pending, 50)  # released

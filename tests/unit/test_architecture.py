@@ -211,6 +211,8 @@ _UPSTREAM_PRIVATE = {
     ("celery_delayed.producer.message", "registry._encoders"): "kombu's encoder table: the serializer's own dumps",
     ("celery_delayed.producer.template", "registry._encoders"): "kombu's encoder table: the serializer's own dumps",
     ("celery_delayed.result", "current_app._get_current_object"): "Celery's app proxy: the app it stands for",
+    ("celery_delayed.contrib.django.admin.base", "current_app._get_current_object"):
+        "Celery's app proxy: the app the Django project set up",
     ("celery_delayed.worker.backoff", "random._inst"): "the random module's own generator (seeded by tests)",
     ("celery_delayed.worker.tracking", "task._get_app"): "a Celery task's app without binding it",
     ("celery_delayed.cancellation", "revoke._celery_delayed"): "our own mark on Celery's revoke, once patched",

@@ -13,3 +13,11 @@ def remind_unpaid(order_id: int) -> str:
 
     order = Order.objects.get(pk=order_id)
     return "paid" if order.paid else f"reminded {order.customer}"
+
+
+@app.task(base=DelayedTask, name="orders.unpaid_digest")
+def unpaid_digest() -> int:
+    """How many orders are unpaid (a recurring schedule: CELERY_DELAYED_SCHEDULE)."""
+    from orders.models import Order
+
+    return Order.objects.filter(paid=False).count()
