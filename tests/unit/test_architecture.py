@@ -87,7 +87,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("api", "doctor"),  # doctor checks the database's binding too
     ("reconciler", "schedules", "dlq"),  # features on the public API and the store, not on each other
     ("scheduler",),  # runs the reconciler and the schedules' keeper
-    ("worker", "web"),  # the worker embeds a scheduler; the dashboard reads the store, never the worker
+    ("worker", "web", "contrib"),  # the worker embeds a scheduler; the dashboards (ours, Django's admin) read the store
     ("testing",),
     ("plugin",),
     ("cli", ""),
