@@ -265,7 +265,8 @@ def _redis_children() -> set[int]:
 
 @pytest.mark.parametrize("apps_redis", ["up", "down"])
 def test_with_no_url_the_kit_runs_its_own_redis_never_the_apps(apps_redis: str, redis_url: str, rclient: Any,
-                                                               uid: str, monkeypatch: pytest.MonkeyPatch) -> None:
+                                                               uid: str, monkeypatch: pytest.MonkeyPatch,
+                                                               tmp_path: Path) -> None:
     """``DelayedTestKit(app, start=...)``, as the README's "Testing a schedule" writes it: a private
     redis-server for the kit's store, stopped when the kit closes; the app's own Redis is never touched."""
     from celery_delayed.testing import free_port
@@ -284,7 +285,7 @@ def test_with_no_url_the_kit_runs_its_own_redis_never_the_apps(apps_redis: str, 
         assert rclient.dbsize() == before  # nothing was written to the app's Redis
     assert not _answers(own)  # the kit's server stopped with it
     assert get_store(app).url == apps  # and the app has its own store back
-    app.conf.delayed_database_url = "sqlite://"
+    app.conf.delayed_database_url = f"sqlite:///{tmp_path / 'jobs.db'}"
     with pytest.raises(ConfigurationError, match="Redis only"):
         DelayedTestKit(app)
     assert _redis_children() == servers  # a kit that failed to start stopped its server too
