@@ -138,10 +138,23 @@ class ShardLayout:
         return (self._shards, self._moving_from) != before
 
     def valid_shard(self, shard: int | None) -> bool:
-        """Whether ``shard`` (a message's ``delayed_shard`` header) is a shard of this store (the layout read again)."""
+        """Whether ``shard`` (a message's ``delayed_shard`` header) is a shard of this store.
+
+        A shard beyond the span this process knows makes it read the layout
+        again, at once: the first messages released from the new shards of a
+        reshard name them, and a worker that read the layout a moment before
+        the switch (or whose other thread is reading it right now) must take
+        them. Refused, the worker would guess the shard from the job's id,
+        miss a shard-key job's record and skip it as moved (it stayed QUEUED,
+        never run). The answer is the span as it is after the read, whoever's
+        read saw the change.
+        """
         if shard is None or shard < 0:
             return False
-        return shard < self.span or (self.reload(1.0) and shard < self.span)
+        if shard < self.span:
+            return True
+        self.reload()
+        return shard < self.span
 
     def _check_direct(self) -> None:
         """Refuse a forced direct path whose broker is not the store's server (and database).

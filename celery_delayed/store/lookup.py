@@ -47,6 +47,7 @@ class Lookup(Facet):
         if not isinstance(job_id, str) or not job_id:
             raise InvalidOption(f"a job id must be a non-empty string, got {type(job_id).__name__} {job_id!r}")
         for _ in range(2):
+            seen = (self.layout.shards, self.layout.span)
             tried = []
             for s in (shard, self.layout.shard_of(job_id)):
                 if s is not None and s not in tried:
@@ -59,7 +60,10 @@ class Lookup(Facet):
             for s, hit in enumerate(pipe.execute()):
                 if hit:
                     return s
-            if not self.layout.reload(1.0):  # a reshard this process has not seen yet may have moved it
+            # A reshard this process has not seen yet may have moved it. Compared with the view this
+            # search used, not by what reload() says: another thread's read may have changed it meanwhile.
+            self.layout.reload(1.0)
+            if (self.layout.shards, self.layout.span) == seen:
                 break
         raise JobNotFound(job_id)
 

@@ -439,3 +439,97 @@ def test_the_reconciler_leaves_rows_and_records_alone_while_jobs_move(redis_url,
         assert _job_keys(rclient, prefix) == {h.id: shard_for(h.id, 64) for h in jobs}
     finally:
         rows.dispose()
+
+
+# -- the worker side meets the first messages of the new shards -----------------------------------
+
+
+def _released_after_switch(redis_url: str, uid: str) -> tuple[str, int, dict[str, object]]:
+    """A shard-key job placed after a 16 -> 64 switch in a new shard (16..63) that is not its id's shard,
+    released from there: (id, shard, its message's headers)."""
+    producer = make_app(redis_url, uid, delayed_shards=64)
+    h = next(h for h in (apply_later(producer, "e2e.mark", when=0, shard_key=f"k-{i}", strict=False)
+                         for i in range(200))
+             if h.shard >= 16 and h.shard not in (shard_for(h.id, 16), shard_for(h.id, 64)))
+    batch = get_store(producer).release.claim_due(h.shard, now_ms=h.due_ms + 1)
+    assert batch.ids == [h.id]
+    headers = json.loads(batch.messages[0][0])["headers"]
+    assert headers[SHARD_HEADER] == h.shard
+    return h.id, h.shard, headers
+
+
+def test_a_worker_that_read_the_layout_just_before_the_switch_takes_the_new_shard_a_message_names(redis_url, uid):
+    from types import SimpleNamespace
+
+    from celery_delayed.worker.execution import job_shard
+
+    worker = get_store(make_app(redis_url, uid))
+    worker.layout.check()  # read just now: 16 shards
+    Resharder(get_store(make_app(redis_url, uid))).begin(64)
+    job_id, shard, headers = _released_after_switch(redis_url, uid)
+    # the message names a shard this worker has not seen: the layout is read again, not the id's shard guessed
+    assert job_shard(worker, SimpleNamespace(id=job_id, headers=headers)) == shard
+    started = worker.executions.start(job_id, shard, "w|1|t|n")
+    assert started.run, started
+
+
+def test_worker_threads_that_meet_a_new_shard_together_all_take_it(redis_url, uid):
+    """The first messages of the new shards reach a threaded worker in a burst: every thread that reads
+    the layout again must take the shard, not only the one whose read saw it change."""
+    import threading
+
+    first = get_store(make_app(redis_url, uid))
+    first.layout.check()  # the store's layout: 16 shards
+    Resharder(first).begin(64)
+    refused = 0
+    for _round in range(20):
+        layout = get_store(make_app(redis_url, uid)).layout  # a worker's: 16 shards, not read yet
+        gate = threading.Barrier(8)
+        got: list[bool] = []
+
+        def take(layout=layout, gate=gate, got=got) -> None:
+            gate.wait()
+            got.append(layout.valid_shard(40))
+
+        threads = [threading.Thread(target=take) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        refused += got.count(False)
+    assert refused == 0, f"{refused} of 160 threads took a valid new shard for an invalid one"
+
+
+
+def test_threads_that_look_a_moved_job_up_together_all_find_it(redis_url, uid):
+    """A job in a new shard of a reshard this process has not seen: every thread's lookup finds it,
+    not only the one whose read of the layout saw the change."""
+    import threading
+    import time
+
+    from celery_delayed import JobNotFound
+
+    missed = 0
+    for n in range(5):
+        store = get_store(make_app(redis_url, f"{uid}r{n}"))
+        store.layout.check()  # a worker's store, its layout read at start: 16 shards
+        Resharder(get_store(make_app(redis_url, f"{uid}r{n}"))).begin(64)
+        job_id, _shard, _headers = _released_after_switch(redis_url, f"{uid}r{n}")
+        time.sleep(1.05)  # read more than a second ago: a miss reads it again
+        gate = threading.Barrier(8)
+        got: list[object] = []
+
+        def find(store=store, gate=gate, got=got, job_id=job_id) -> None:
+            gate.wait()
+            try:
+                got.append(store.lookup.locate(job_id))
+            except JobNotFound as exc:
+                got.append(exc)
+
+        threads = [threading.Thread(target=find) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        missed += sum(1 for g in got if isinstance(g, JobNotFound))
+    assert missed == 0, f"{missed} of 40 lookups missed a job that is there"
