@@ -223,7 +223,8 @@ def _make(app: Celery, name: str, options: Mapping[str, Any], headers: Mapping[s
         if text.count(q) != _EXPECTED[slot]:
             return None
     parts, order = _cut(text, quoted)
-    tmpl = MessageTemplate(parts, order, built.route, app.amqp, app.conf.task_repr_maxlevels)
+    # task_repr_maxlevels is new in Celery 5.7; before it, saferepr's own default (3) applied
+    tmpl = MessageTemplate(parts, order, built.route, app.amqp, app.conf.get("task_repr_maxlevels", 3))
     if not _check(app, tmpl, name, options, headers, task_type, max_bytes, key_prefix):
         return None
     return tmpl
