@@ -2,7 +2,7 @@
 versions it declares, on the oldest and the newest Python it declares, running a
 smoke selection of the suite against real Redis, RabbitMQ and PostgreSQL.
 
-    python -m nox                  # all six sessions (about 10 minutes)
+    python -m nox                  # all six sessions (about 8 minutes)
     python -m nox -s "matrix-3.10(lowest)"
 
 Each session needs that Python on PATH as ``python3.10``, ``python3.12``, ``python3.13``
