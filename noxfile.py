@@ -3,7 +3,7 @@ versions it declares, on the oldest and the newest Python it declares, running a
 smoke selection of the suite against real Redis, RabbitMQ and PostgreSQL.
 
     python -m nox                  # all six sessions (about 8 minutes)
-    python -m nox -s "matrix-3.10(lowest)"
+    python -m nox -s "matrix-3.10(bound='lowest')"
 
 Each session needs that Python on PATH as ``python3.10``, ``python3.12``, ``python3.13``
 (e.g. ``pyenv install 3.10 3.12 3.13`` and their ``bin`` folders on PATH; ``.ci/run`` does).
