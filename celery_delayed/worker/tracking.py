@@ -13,7 +13,9 @@ it, a redelivery of a completed one is a no-op.
 
 :func:`track_plain_tasks` gives the tasks of an app that are not
 ``DelayedTask`` a ``__call__`` that does this for store messages only; a
-message sent without the store runs exactly as before. It runs in worker
+message sent without the store runs exactly as before, unless it is an ETA
+message the store holds as a job (:func:`held_by_store`: one absorbed from
+the broker), which is dropped. It runs in worker
 processes (``worker_init``, connected by the ``delayed`` entry point), before
 Celery builds its tracers.
 """
@@ -52,6 +54,30 @@ def from_store(request: Any) -> bool:
     return request_shard(request) is not None
 
 
+def held_by_store(task: Task) -> bool:
+    """Whether the delivered message is an ETA message the store holds as a job: a copy to drop.
+
+    ``delayed absorb`` stores a broker's ETA message as a job under its own
+    task id before it takes the message from the broker, so a copy may still
+    reach a worker (absorbing was stopped between the two, or a consumer took
+    it meanwhile): the store releases the job when due, and this copy must
+    not run too. Only a message with an eta that did not come from the store
+    is asked about (one round trip); any other runs as it always did.
+    """
+    req = task.request
+    if from_store(req) or not req.eta or not req.id:
+        return False
+    store = job_store(task._get_app(), req)
+    return bool(store.lookup.locate_many([req.id]))
+
+
+def _skip_held(task: Task) -> None:
+    """Drop a copy of a message the store holds (see :func:`held_by_store`): acknowledged, never run."""
+    logger.info("Skipping %s[%s]: an ETA message the store holds as a job (absorbed); the store releases it "
+                "when due", task.name, task.request.id)
+    raise Ignore()
+
+
 def run_tracked(task: Task, body: Body, args: Any, kwargs: Any, on_failure: OnFailure | None = None) -> Any:
     """Run ``body(*args, **kwargs)`` for the job ``task.request`` delivers, under the job's execution record.
 
@@ -66,6 +92,8 @@ def run_tracked(task: Task, body: Body, args: Any, kwargs: Any, on_failure: OnFa
     tag = delivery_tag(req)
     owner = execution_token(req.hostname or "", tag)
     try:
+        if held_by_store(task):
+            _skip_held(task)
         started = _start(task, store, req.id, shard, owner, req.hostname or "")
     except StoreUnavailable as exc:
         return _store_down(task, exc, body, args, kwargs)
@@ -176,7 +204,15 @@ def _tracked_call(call: Body) -> Body:
     @functools.wraps(call)
     def __call__(self: Task, *args: Any, **kwargs: Any) -> Any:
         req = self.request
-        if req.called_directly or req.is_eager or not req.id or not from_store(req):
+        if req.called_directly or req.is_eager or not req.id:
+            return call(self, *args, **kwargs)
+        if not from_store(req):
+            try:
+                held = held_by_store(self)
+            except StoreUnavailable as exc:
+                return _store_down(self, exc, functools.partial(call, self), args, kwargs)
+            if held:
+                _skip_held(self)
             return call(self, *args, **kwargs)
         return run_tracked(self, functools.partial(call, self), args, kwargs)
 
