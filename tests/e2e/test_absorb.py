@@ -99,24 +99,29 @@ def test_redis_absorbs_future_eta_messages_whole_and_leaves_the_rest_in_place(re
     soon = send(app, 5, 0.2)  # due before absorb runs: left for a worker
     retried = app.send_task(TASK, (99,), countdown=9, retries=3)
     later[retried.id] = time.time() + 9
+    urgent = send(app, 4, 9, priority=5)  # on the queue's priority list
     before = redis_messages(rclient, queue)
+    urgent_list = f"{queue}\x06\x163"
+    sent = {m["headers"]["id"]: m for m in before + redis_messages(rclient, urgent_list)}
+    assert rclient.llen(urgent_list) == 4
 
     dry = absorb(redis_url, prefix, queue, "--dry-run")
     assert dry.returncode == 0, dry.stderr
-    assert "would move 31 ETA message(s)" in dry.stdout and "task e2e.plain: 31" in dry.stdout
+    assert "would move 35 ETA message(s)" in dry.stdout and "task e2e.plain: 35" in dry.stdout
     assert "left in the broker: 5 (no eta)" in dry.stdout, dry.stdout
     assert redis_messages(rclient, queue) == before  # a dry run changes nothing
 
     out = absorb(redis_url, prefix, queue, "--min-delay", "1")
     assert out.returncode == 0, out.stderr
-    assert "moved 31 ETA message(s) from the Redis broker" in out.stdout, out.stdout
+    assert "moved 35 ETA message(s) from the Redis broker" in out.stdout, out.stdout
+    assert rclient.llen(urgent_list) == 0
+    later.update(urgent)
     left = redis_messages(rclient, queue)
     assert left == [m for m in before if m["headers"]["id"] not in later]  # the rest untouched, in order
     assert {m["headers"]["id"] for m in left} == set(now) | set(soon)
 
     # Each job holds its message: body, headers, stamps and retries as sent, the eta moved to delayed_eta.
     store = get_store(app)
-    sent = {m["headers"]["id"]: m for m in before}
     for tid in later:
         env = json.loads(store.lookup.message(tid, store.lookup.locate(tid)))
         orig = sent[tid]
@@ -125,10 +130,13 @@ def test_redis_absorbs_future_eta_messages_whole_and_leaves_the_rest_in_place(re
         assert env["headers"]["delayed_eta"] == orig["headers"]["eta"]
         for k in ("task", "id", "retries", "root_id", "argsrepr", "stamps", "stamped_headers", "tenant"):
             assert env["headers"].get(k) == orig["headers"].get(k), k
+        assert env["properties"]["priority"] == orig["properties"]["priority"]
         assert env["properties"]["correlation_id"] == orig["properties"]["correlation_id"]
         due = int(store.lookup.get(tid)["due"])
         assert abs(due / 1000 - datetime.fromisoformat(orig["headers"]["eta"]).timestamp()) < 0.002
     assert json.loads(base64.b64decode(sent[retried.id]["body"]))[0] == [99]
+    assert sent[retried.id]["headers"]["retries"] == 3
+    assert sent[next(iter(set(later) - set(urgent) - {retried.id}))]["headers"]["stamps"] == {"mark": ["m1"]}
 
     # Run again: nothing more to move, nothing stored twice.
     again = absorb(redis_url, prefix, queue)
