@@ -20,6 +20,7 @@ from .errors import ConfigurationError, DuplicateJob, InvalidOption, StoreFull
 from .producer.keyed import KeyedSpec, keyed_spec
 from .producer.message import parent_ids, task_defaults
 from .producer.prepare import PlainCalls, Prepared, job_id_for_key, lookup_task, prepare, refuse_taken
+from .producer.spread import spread_ms
 from .result import DelayedResult
 from .store import NewJob, Store, get_store
 from .timeutil import due_spec, from_ms
@@ -106,6 +107,7 @@ def apply_later(
     max_wait: float | timedelta | None = None,
     throttle_key: str | None = None,
     window: float | timedelta | None = None,
+    spread: float | timedelta | None = None,
     **options: Any,
 ) -> DelayedResult:
     """Schedule task ``name`` to be sent to its queue at ``when`` (like ``send_task``).
@@ -138,6 +140,10 @@ def apply_later(
         throttle_key: at most one job per key per ``window`` (seconds or a
             timedelta), counted from the call that created it; a call within
             the window returns that job (``created`` False) and changes nothing.
+        spread: a window (seconds or a timedelta) after ``when`` in which the
+            job is placed, at an offset its id decides (the task's
+            ``delayed_spread`` by default): many jobs due at one moment become
+            a ramp. The offset is kept in the job's record (``spr``, ms).
         **options: Celery's ``apply_async`` options: queue, routing_key,
             exchange, priority, expires, headers, serializer, ...; and
             ``max_lateness`` (seconds) with ``misfire`` ("run", "skip" or
@@ -159,17 +165,33 @@ def apply_later(
     spec = keyed_spec(debounce_key, max_wait, throttle_key, window, task_id=task_id,
                       idempotency_key=idempotency_key, connection=connection,
                       database=bool(store.config.database_url))
+    sp = task_spread(task, spread)
     if spec is not None:
+        if sp:
+            raise InvalidOption("spread does not apply to a debounced or throttled job: its key decides when it "
+                                "goes; pass spread=0 (or leave it out) with debounce_key / throttle_key")
         return _apply_keyed(app, store, name, args, kwargs, when, spec, shard_key, task, opts)
     if not options and task_id is None and shard_key is None and idempotency_key is None:
         # Only args, kwargs and when: the path apply_later_many takes for such calls (the same job).
         plain = PlainCalls.cached(app, store, name, task, opts)
-        fast = plain.prepare(args, kwargs, when, parent_ids(app, None, None)) if plain is not None else None
+        fast = plain.prepare(args, kwargs, when, parent_ids(app, None, None), sp) if plain is not None else None
         if fast is not None:
             return store_prepared(app, store, [fast], connection)[0]
     p = prepare(app, store, name, args, kwargs, when, task_id=task_id, shard_key=shard_key,
-                idempotency_key=idempotency_key, task_type=task, options=opts)
+                idempotency_key=idempotency_key, task_type=task, options=opts, spread_ms=sp)
     return store_prepared(app, store, [p], connection)[0]
+
+
+def task_spread(task: Any, spread: object) -> int:
+    """The spread window of a call, ms: its own ``spread``, else the task's ``delayed_spread`` (0: none).
+
+    Raises:
+        InvalidOption: a bad value (naming where it came from).
+    """
+    if spread is not None:
+        return spread_ms(spread, "spread")
+    default = getattr(task, "delayed_spread", None)
+    return spread_ms(default, f"{getattr(task, 'name', 'task')}.delayed_spread") if default is not None else 0
 
 
 def _apply_keyed(app: Celery, store: Store, name: str, args: Sequence[Any] | None,
@@ -187,6 +209,7 @@ def _apply_keyed(app: Celery, store: Store, name: str, args: Sequence[Any] | Non
 
 def apply_later_many(
     app: Celery, name: str, calls: Iterable[Mapping[str, Any]], *, strict: bool = True, connection: Any = None,
+    spread: float | timedelta | None = None,
 ) -> list[DelayedResult]:
     """Schedule many jobs of one task in one round trip (one script call per shard, in one ``MULTI``/``EXEC``).
 
@@ -195,11 +218,13 @@ def apply_later_many(
     validated before anything is written: one bad item stores nothing. A
     store at ``maxmemory`` refuses the whole batch (``StoreFull``), also when
     it fills up part way; on a Redis Cluster each shard's part is written on
-    its own.
+    its own. ``spread``: as :func:`apply_later`'s, for every call (a call's
+    own ``spread`` wins).
     """
     task = lookup_task(app, name, strict)
     defaults = task_defaults(task) if task is not None else {}
     store = get_store(app)
+    sp = task_spread(task, spread)
     prepared = []
     chosen: list[NewJob] = []  # jobs whose task_id the caller chose
     plain = PlainCalls.create(app, store, name, task, defaults)
@@ -210,7 +235,7 @@ def apply_later_many(
                 f"got {type(call).__name__} {call!r:.80}"
             )
         if plain is not None and PlainCalls.accepts(call):
-            fast = plain.prepare(call.get("args"), call.get("kwargs"), call.get("when", 0))
+            fast = plain.prepare(call.get("args"), call.get("kwargs"), call.get("when", 0), spread_ms=sp)
             if fast is not None:
                 prepared.append(fast)
                 continue
@@ -219,10 +244,12 @@ def apply_later_many(
             raise InvalidOption(
                 f"apply_later_many does not take {sorted(_KEYED_ARGS.intersection(c))}: a debounced or "
                 "throttled call decides on the key's job one at a time; call apply_later for it")
+        own_spread = spread_ms(c.pop("spread"), "spread") if "spread" in c else sp
         p = prepare(
             app, store, name, c.pop("args", None), c.pop("kwargs", None), c.pop("when", 0),
             task_id=c.pop("task_id", None), shard_key=c.pop("shard_key", None),
             idempotency_key=c.pop("idempotency_key", None), task_type=task, options=defaults | c,
+            spread_ms=own_spread,
         )
         prepared.append(p)
         if call.get("task_id") is not None:

@@ -57,6 +57,7 @@ LABELS: dict[str, str] = {
     Field.TRACEBACK: "traceback",
     Field.HOST: "failed on host",
     Field.DELAY: "retry backoff (ms)",
+    Field.SPREAD: "spread offset (ms)",
     Field.DIED: "dead-lettered",
     Field.ARGS: "arguments",
     Field.KWARGS: "keyword arguments",

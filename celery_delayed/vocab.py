@@ -138,6 +138,8 @@ class Field:
     TRACEBACK = "tb"
     HOST = "host"
     DELAY = "delay"
+    #: the offset (ms) a spread window gave the job after the due time it was asked for
+    SPREAD = "spr"
     DIED = "died"
     ARGS = "args"
     KWARGS = "kwargs"

@@ -24,6 +24,7 @@ from ..timeutil import due_spec, eta_is_due, eta_iso
 from ..vocab import ETA_HEADER, GENERATION_HEADER, SHARD_HEADER, STORE_HEADER, Field, job_headers
 from .message import build_message, check_options, parent_ids, route_fields
 from .misfire import check_expiry, release_fields
+from .spread import offset_ms, spread_when
 from .template import MessageTemplate, template_for
 
 #: Namespace of job ids derived from idempotency keys (uuid5).
@@ -140,6 +141,7 @@ def prepare(
     generation: int = 0,
     eta: str | None = FROM_WHEN,
     properties: Mapping[str, Any] | None = None,
+    spread_ms: int = 0,
 ) -> Prepared:
     """Validate a call and build its job for ``store``; write nothing.
 
@@ -148,7 +150,8 @@ def prepare(
     ``eta`` is the message's ``delayed_eta`` header, what the task sees as
     ``request.eta`` (default: ``when``, see :func:`~celery_delayed.timeutil.eta_iso`).
     ``properties``: more message properties (interception: the options Celery
-    would hand to kombu's ``publish``).
+    would hand to kombu's ``publish``). ``spread_ms``: a window after ``when``
+    in which the job is placed at an offset its id decides (:mod:`.spread`).
 
     Raises:
         InvalidWhen, InvalidOption, SerializationError, PayloadTooLarge: bad input.
@@ -158,18 +161,21 @@ def prepare(
         def regenerate(generation: int) -> Prepared:
             return prepare(app, store, name, args, kwargs, when, task_id=task_id, shard_key=shard_key,
                            idempotency_key=idempotency_key, task_type=task_type, options=options,
-                           generation=generation, eta=eta, properties=properties)
+                           generation=generation, eta=eta, properties=properties, spread_ms=spread_ms)
     options = dict(options or {})
     release = release_fields(options, task_type, store.config)  # pops max_lateness / misfire
     check_options(options)
     _check_arguments(name, task_type, args, kwargs)
+    job_id = _job_id(task_id, idempotency_key)
+    offset = offset_ms(job_id, spread_ms)
+    if spread_ms:
+        when = spread_when(when, offset, app.timezone)
     due = due_spec(when, app.timezone)
     # A delay's eta is the due time by the store's clock in a compact record (rendered from `due`).
     eta_from_due = eta is FROM_WHEN and eta_is_due(due, app.timezone)
     if eta is FROM_WHEN:
         eta = eta_iso(when, app.timezone)
     check_expiry(options.get("expires"), due)
-    job_id = _job_id(task_id, idempotency_key)
     skey = _shard_key(shard_key)
     shard = store.layout.shard_of(job_id, skey)
     headers = options.pop("headers", None) or {}
@@ -177,7 +183,8 @@ def prepare(
         raise InvalidOption(f"headers must be a mapping, got {type(headers).__name__}")
     if not _OWN_HEADERS.isdisjoint(headers):  # e.g. a retry's copy of the request's headers
         headers = {k: v for k, v in headers.items() if k not in _OWN_HEADERS}
-    per_job = {Field.SHARD_KEY: skey or "", Field.IDEMPOTENCY_KEY: idempotency_key or ""}
+    per_job = {Field.SHARD_KEY: skey or "", Field.IDEMPOTENCY_KEY: idempotency_key or "",
+               Field.SPREAD: str(offset) if spread_ms else ""}
     if generation:
         headers = {**headers, GENERATION_HEADER: generation}
         per_job[Field.GENERATION] = str(generation)
@@ -330,19 +337,25 @@ class PlainCalls:
         cache[key] = (store, task, plain)
         return plain
 
-    def prepare(self, args: Any, kwargs: Any, when: object, ids: tuple[Any, Any] | None = None) -> Prepared | None:
+    def prepare(self, args: Any, kwargs: Any, when: object, ids: tuple[Any, Any] | None = None,
+                spread_ms: int = 0) -> Prepared | None:
         """The job of one call, or None (then the regular path prepares it).
 
         ``ids``: the call's root and parent ids (default: the batch's).
+        ``spread_ms``: as :func:`prepare`'s.
 
         Raises:
             InvalidWhen, InvalidOption: bad input (as :func:`prepare`).
         """
         _check_arguments(self.name, self.task, args, kwargs)
+        job_id = fast_uuid4()
+        offset = 0
+        if spread_ms:
+            offset = offset_ms(job_id, spread_ms)
+            when = spread_when(when, offset, self.tz)
         due = due_spec(when, self.tz)
         if self.expires is not None:
             check_expiry(self.expires, due)
-        job_id = fast_uuid4()
         shard = shard_for(job_id, self.store.layout.shards)
         from_due = eta_is_due(due, self.tz)
         root_id, parent_id = (self.root_id, self.parent_id) if ids is None else ids
@@ -350,6 +363,8 @@ class PlainCalls:
                                        None if from_due else eta_iso(when, self.tz), from_due)
         if own is None or _too_large(own, self.store.config.max_payload_bytes):
             return None
+        if spread_ms:
+            own[Field.SPREAD] = str(offset)
         return Prepared(NewJob(job_id, shard, due, self.common | own, self.common, self.compact), False)
 
 

@@ -52,6 +52,8 @@ gen        the generation of a job scheduled again with an idempotency key
            ``delayed_gen`` header, and start.lua refuses older ones
 dk         '1': the job of a debounce key; released when it is due, never
            ``delayed_lookahead_ms`` early, so a later call can still replace it
+spr        the offset, ms, its spread window placed it at after the due time it
+           was asked for (``spread=``; ``producer/spread.py``): due includes it
 =========  ==============================================================
 
 Worker-side states: QUEUED or CLAIMED -> RUNNING (start.lua takes the
@@ -80,7 +82,8 @@ from .compact import Template, fast_uuid4, render
 #: Record fields a new job may carry, in the order schedule.lua receives them.
 NEW_JOB_FIELDS = (Field.TASK, Field.QUEUE, Field.EXCHANGE, Field.ROUTING_KEY, Field.MESSAGE, Field.LIST_KEY,
                   Field.BINDINGS, Field.PRIORITY_SUFFIX, Field.SENT_EVENT, Field.SHARD_KEY, Field.IDEMPOTENCY_KEY,
-                  Field.EXPIRES, Field.MAX_LATENESS, Field.MISFIRE, Field.GENERATION, Field.OUTBOX, *COMPACT_FIELDS)
+                  Field.EXPIRES, Field.MAX_LATENESS, Field.MISFIRE, Field.GENERATION, Field.OUTBOX, Field.SPREAD,
+                  *COMPACT_FIELDS)
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,7 @@ real worker processes):
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from celery import Task
@@ -118,6 +118,9 @@ class DelayedTask(Task):  # type: ignore[misc]
     backoff_cap_s: float | None = None
     #: Dead-letter every final failure, not only exhausted retries (None: setting).
     dlq_all_failures: bool | None = None
+    #: Seconds after its due time in which each job of this task is placed, at an offset its id decides
+    #: (``spread=`` of ``apply_later``; None: none).
+    delayed_spread: float | None = None
 
     # -- scheduling --------------------------------------------------------------
 
@@ -160,14 +163,18 @@ class DelayedTask(Task):  # type: ignore[misc]
         transaction.on_commit(lambda: self.apply_later(args, kwargs, when, **options), using=alias)
         return None
 
-    def apply_later_many(self, calls: Iterable[Mapping[str, Any]]) -> list[DelayedResult]:
+    def apply_later_many(self, calls: Iterable[Mapping[str, Any]], *,
+                         spread: float | timedelta | None = None) -> list[DelayedResult]:
         """Schedule many calls of this task in few round trips.
 
         Each item is a mapping of ``apply_later`` keyword arguments::
 
             remind.apply_later_many({"args": (uid,), "when": 60} for uid in users)
+
+        ``spread``: a window after each call's ``when`` in which its job is
+        placed (see :func:`celery_delayed.apply_later`).
         """
-        return api.apply_later_many(self._get_app(), self.name, calls)
+        return api.apply_later_many(self._get_app(), self.name, calls, spread=spread)
 
     # -- worker side -------------------------------------------------------------
 

@@ -24,7 +24,8 @@ PAGES = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").rglob("*.md") if
 #: ``delayed_*`` names that are not settings: the testing kit's fixtures, message headers, the database's
 #: tables (read from the schema), the docs' Sphinx extension.
 NOT_SETTINGS = {"delayed_app", "delayed_kit", "delayed_clock", "delayed_store", "delayed_eta", "delayed_shard",
-                "delayed_docs", *metadata.tables}
+                "delayed_docs", "delayed_spread",  # (a task attribute)
+                *metadata.tables}
 #: The architecture page's recipe adds a script that does not exist: its example.
 EXAMPLE_SCRIPTS = {"park.lua"}
 
