@@ -197,9 +197,11 @@ class _Absorbing:
         from .redis_broker import PAGE, RedisBroker
 
         layout = BrokerLayout.from_app(self.app, self.store.config)
-        kinds = {q.exchange.name: q.exchange.type for q in self.app.amqp.queues.values()
-                 if q.exchange is not None and q.exchange.name}
-        broker = RedisBroker(conn, layout, kinds)
+        declared = list(self.app.amqp.queues.values())
+        kinds = {q.exchange.name: q.exchange.type for q in declared if q.exchange is not None and q.exchange.name}
+        bound = {(q.exchange.name, q.routing_key): q.name for q in declared
+                 if q.exchange is not None and q.exchange.name and q.routing_key}
+        broker = RedisBroker(conn, layout, kinds, bound)
         self.size = sum(broker.length(key) for queue in queues for key in broker.lists(queue)) + broker.unacked_count()
         for queue in queues:
             for key in broker.lists(queue):
@@ -213,11 +215,11 @@ class _Absorbing:
                     if removed < len(taken):
                         logger.info("%d message(s) of %s were taken by a consumer while being absorbed: a worker "
                                     "drops them at start", len(taken) - removed, queue)
-                    kept += len(chunk) - len(taken)
+                    kept += len(chunk) - removed  # what stays at the list's tail, before the next page
                     if len(chunk) < PAGE:
                         break
         if not self.full:
-            self._redis_unacked(broker)
+            self._redis_unacked(broker, set(queues))
 
     def _redis_chunk(self, queue: str, chunk: list[bytes]) -> list[bytes]:
         """Store the chunk's ETA messages' jobs; the raw messages to remove (all, with no more than the limit)."""
@@ -246,13 +248,15 @@ class _Absorbing:
         self.store_batch(batch)
         return raws
 
-    def _redis_unacked(self, broker: Any) -> None:
+    def _redis_unacked(self, broker: Any, queues: set[str]) -> None:
         held: set[str] | None = None  # asked of the workers once there is an entry to absorb
         batch: list[Prepared] = []
         tags: list[bytes] = []
         for tag, env, route in broker.unacked():
             if self.full:
                 break
+            if route.queue not in queues:
+                continue  # another queue's: not asked for
             queue = f"{route.queue} (unacknowledged)"
             self.report.read[queue] += 1
             self.progress(1)

@@ -38,14 +38,16 @@ PAGE = 500
 class RedisBroker:
     """One connection to a Redis broker, read with kombu's names for its keys."""
 
-    def __init__(self, connection: Any, layout: BrokerLayout, exchange_types: Mapping[str, str]) -> None:
+    def __init__(self, connection: Any, layout: BrokerLayout, exchange_types: Mapping[str, str],
+                 bound: Mapping[tuple[str, str], str]) -> None:
+        """``exchange_types``: the app's exchanges' types; ``bound``: its queues by (exchange, routing key)."""
         import redis
 
         channel = connection.default_channel
         # kombu's own client adds the global key prefix to some commands only: use a plain client on its pool
         self.client = redis.Redis(connection_pool=channel.client.connection_pool)
         self.layout = layout
-        self.exchange_types = exchange_types
+        self.exchange_types, self.bound = exchange_types, bound
 
     def lists(self, queue: str) -> list[str]:
         """The Redis lists of ``queue``, one per priority step, highest priority first (as kombu reads them)."""
@@ -96,8 +98,9 @@ class RedisBroker:
         priority = priority if isinstance(priority, int) and not isinstance(priority, bool) else 0
         if not exchange:
             return Route(routing_key, "", routing_key, "direct", priority)
-        # (an exchange the app does not declare: direct, as Celery's own)
-        return Route(routing_key, exchange, routing_key, self.exchange_types.get(exchange, "direct"), priority)
+        # (an exchange the app does not declare: direct, as Celery's own, to the queue its routing key names)
+        queue = self.bound.get((exchange, routing_key), routing_key)
+        return Route(queue, exchange, routing_key, self.exchange_types.get(exchange, "direct"), priority)
 
     def forget(self, tags: list[bytes]) -> int:
         """Remove acknowledged-by-absorbing messages from the unacked hash and its index (kombu's ack)."""

@@ -192,6 +192,10 @@ def test_limit_and_min_delay_bound_a_run(redis_url, uid, rclient):
     assert rclient.llen(queue) == 10
     bad = absorb(redis_url, prefix, queue, "--limit", "0")
     assert bad.returncode == 2 and "--limit" in bad.stderr
+    # Several pages of messages: a dry run reads each once.
+    send(app, 1190, 600)
+    dry = absorb(redis_url, prefix, queue, "--dry-run")
+    assert "would move 1200 ETA message(s)" in dry.stdout and "1200 of 1200 message(s) read" in dry.stdout, dry.stdout
 
 
 @pytest.mark.timeout(120)
