@@ -302,7 +302,12 @@ class _Absorbing:
             try:
                 self._amqp_queue(name, source)
             finally:
-                source.give_back()
+                try:
+                    source.give_back()
+                except conn.connection_errors + conn.channel_errors:
+                    # (the broker puts back what a closed channel held: nothing is lost)
+                    logger.warning("could not give the messages read from %s back; the broker does when the "
+                                   "connection closes", name)
 
     def _amqp_queue(self, queue: str, source: Any) -> None:
         batch: list[Prepared] = []

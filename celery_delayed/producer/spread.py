@@ -62,7 +62,7 @@ def spread_when(when: object, offset: int, tz: Any) -> object:
         return timedelta(milliseconds=int(due[1:]) + offset)
     if int(due) <= time.time() * 1000:
         return timedelta(milliseconds=offset)
-    if isinstance(when, datetime):  # keep its timezone for the eta the task sees
-        aware = when if when.tzinfo is not None and when.utcoffset() is not None else localize(when, tz)
-        return aware + timedelta(milliseconds=offset)
-    return datetime.fromtimestamp((int(due) + offset) / 1000, tz=tz)
+    assert isinstance(when, datetime)  # (a fixed time is a datetime; delays are relative)
+    # kept in its own timezone: the eta the task sees reads as the call's
+    aware = when if when.tzinfo is not None and when.utcoffset() is not None else localize(when, tz)
+    return aware + timedelta(milliseconds=offset)
