@@ -91,10 +91,8 @@ class Report:
         for task, n in self.tasks.most_common():
             out.append(f"  task {task}: {n}")
         if self.etas:
-            etas = sorted(self.etas)
-            mid = etas[len(etas) // 2]
-            out.append(f"  due from {etas[0].isoformat(timespec='seconds')} to {etas[-1].isoformat(timespec='seconds')}"
-                       f" (median {mid.isoformat(timespec='seconds')})")
+            etas = sorted(e.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S") for e in self.etas)
+            out.append(f"  due from {etas[0]} to {etas[-1]} UTC (median {etas[len(etas) // 2]})")
         for why, n in sorted(self.left.items()):
             out.append(f"  left in the broker: {n} ({why})")
         for msg_id, why in self.refused:
