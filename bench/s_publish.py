@@ -1,7 +1,8 @@
 """Scenario 22: the publish path against a bare kombu loop, on RabbitMQ.
 
-N jobs, all due, released onto one durable RabbitMQ queue in three ways,
-taking turns over a few rounds (the order rotated each round):
+N jobs (20,000 by default; ``BENCH_PUBLISH_N`` to change), all due, released
+onto one durable RabbitMQ queue in three ways, taking turns over a few rounds
+(the order rotated each round):
 
 - ``celery delayed run``, one process, publish path (claim a batch, publish
   it with kombu, wait for the broker's confirms once per batch, ack the
@@ -190,8 +191,10 @@ def _celery(amqp: str, n: int, watch: Connection, confirm: bool) -> float | None
 
 
 def publish(ctx: Ctx) -> None:
-    n = ctx.size(int(os.environ.get("BENCH_PUBLISH_N", "30000")), 3_000)
-    n_confirm = max(1, n // 6)
+    # 20,000 keeps three rounds of the four under about two minutes on 2 quiet cores
+    # (BENCH_PUBLISH_N=30000 for more); confirm_publish waits per message: a tenth of that.
+    n = ctx.size(int(os.environ.get("BENCH_PUBLISH_N", "20000")), 3_000)
+    n_confirm = max(1, n // 10)
     rounds = ctx.size(3, 1)
     amqp = _amqp_url()
     print(f"[{S22}] {n} due jobs onto RabbitMQ, {rounds} rounds: the scheduler, a bare kombu loop, apply_async",
@@ -225,6 +228,14 @@ def publish(ctx: Ctx) -> None:
         ctx.add(S22, name, "publish rate", statistics.median(got) if got else None, "msg/s",
                 note=f"median of {len(got)} rounds of {count:,} ({', '.join(f'{x:,.0f}' for x in got)})")
     ctx.relate(S22, "publish rate", BARE)
+    for name in (SCHEDULER, CELERY):
+        # The machine's noise drifts between rounds: each round's own ratio too.
+        if len(rates[name]) != len(rates[BARE]) or not rates[name]:
+            continue  # a round failed: no pairs to compare
+        pairs = [a / b for a, b in zip(rates[name], rates[BARE], strict=True)]
+        if pairs:
+            ctx.add(S22, name, "publish rate / bare kombu's, same round", statistics.median(pairs), "x",
+                    note=f"median of {len(pairs)} rounds ({', '.join(f'{x:.2f}' for x in pairs)})")
     ctx.notes.append(f"scenario 22: {n:,} messages a round (body {size} B, persistent) onto one durable RabbitMQ "
                      f"queue; rates from the first publish (the scheduler: the first message counted in the "
                      f"queue) to the last message counted in the queue; the bare loop confirms every {BATCH} "
