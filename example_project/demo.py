@@ -57,7 +57,7 @@ GRACE_S = 30.0
 #: The p99 lateness under which the demo calls the run "on time". With the
 #: defaults (3,000 tasks over 10 s, threads -c 4), an idle 2-core machine
 #: measured p99 7.8 ms; the same machine shared with other work (load average
-#: 0.7-1.2) 16-147 ms in ten runs, with the tail in the first second (the run
+#: 0.7-1.3) 16-147 ms in ten runs, with the tail in the first second (the run
 #: looked at closely); with one or two busy loops beside it, 16-152 ms.
 #: 250 ms is well above all of those, so that "LATE" means the machine could
 #: not keep up, not that it was a little busy.
