@@ -19,12 +19,14 @@ from celery_delayed.testing import RedisServer
 
 from . import (
     report,
+    s_calls,
     s_cluster,
     s_drain,
     s_durability,
     s_lateness,
     s_memory,
     s_ops,
+    s_publish,
     s_release,
     s_replicas,
     s_reshard,
@@ -52,6 +54,9 @@ SCENARIOS: dict[str, Callable[[Ctx], None]] = {
     "wait-replicas": s_replicas.wait_replicas,  # 17
     "cluster": s_cluster.cluster,  # 18
     "reshard": s_reshard.reshard,  # 19
+    "sustained-calls": s_calls.sustained_calls,  # 20
+    "sustained-calls-loaded": s_calls.sustained_calls_loaded,  # 21
+    "publish": s_publish.publish,  # 22
 }
 
 

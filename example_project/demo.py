@@ -9,8 +9,15 @@ prints how late they started (task start minus due time) and the counts:
 scheduled, cancelled, released, executed, duplicates. Then it stops
 everything, also on Ctrl-C.
 
-Exit status: 0 when every task that was not cancelled ran exactly once and
-no cancelled one ran; 1 otherwise; 2 when it could not set up.
+The last line of the summary is the verdict: ``OK`` when every task that was
+not cancelled ran exactly once, no cancelled one ran, and the p99 lateness is
+within :data:`LATE_P99_MS` (stated in the line); ``LATE`` when every task ran
+once but the p99 is over it (the machine could not keep up); ``FAILED``
+otherwise.
+
+Exit status: 0 for ``OK`` and for ``LATE`` (lateness depends on the machine's
+load, and a loaded CI machine must not fail for it: the words say it); 1 for
+``FAILED``; 2 when it could not set up.
 """
 
 from __future__ import annotations
@@ -47,6 +54,14 @@ LEAD_MS = 1000
 CHUNK = 250
 #: How long after the last due time the demo waits for stragglers.
 GRACE_S = 30.0
+#: The p99 lateness under which the demo calls the run "on time". With the
+#: defaults (3,000 tasks over 10 s, threads -c 4), an idle 2-core machine
+#: measured p99 7.8 ms; the same machine shared with other work (load average
+#: 0.7-1.3) 16-147 ms in ten runs, with the tail in the first second (the run
+#: looked at closely); with one or two busy loops beside it, 16-152 ms.
+#: 250 ms is well above all of those, so that "LATE" means the machine could
+#: not keep up, not that it was a little busy.
+LATE_P99_MS = 250.0
 
 
 # -- output ---------------------------------------------------------------------
@@ -318,7 +333,26 @@ def report(o: Outcome, schedule_s: float, spread_s: float) -> None:
     if late:
         print(f"lateness    p50 {percentile(late, 50):.1f} ms   p99 {percentile(late, 99):.1f} ms   "
               f"max {late[-1]:.1f} ms   (task start - due time, {len(late)} tasks)")
-    print("OK" if o.ok else "FAILED: not every task ran exactly once", flush=True)
+    print(verdict(o, LATE_P99_MS), flush=True)
+
+
+def _duration(ms: float) -> str:
+    """``12.3 ms`` below a second, ``4.9 s`` from one."""
+    return f"{ms:.1f} ms" if ms < 1000 else f"{ms / 1000:.1f} s"
+
+
+def verdict(o: Outcome, threshold_ms: float) -> str:
+    """The summary's last line: ``OK``, ``LATE`` or ``FAILED``, with the p99 and the threshold it was held to."""
+    if not o.ok:
+        return "FAILED: not every task ran exactly once"
+    threshold = f"{threshold_ms:g} ms"
+    if not o.lateness_ms:  # every task was cancelled: nothing ran, nothing could be late
+        return "OK: every task was cancelled, and none ran"
+    p99 = percentile(o.lateness_ms, 99)
+    if p99 <= threshold_ms:
+        return f"OK: every task ran once, on time (p99 {_duration(p99)}, threshold {threshold})"
+    return (f"LATE: every task ran once, but p99 lateness {_duration(p99)} is over the {threshold} threshold "
+            "(the machine could not keep up)")
 
 
 # -- entry point ----------------------------------------------------------------------
@@ -402,6 +436,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         released = demo.follow(len(handles) - len(cancelled), max(h.due_ms for h in handles))
         outcome = demo.outcome(handles, cancelled, released)
         report(outcome, schedule_s, args.spread)
+        # LATE is 0 too: lateness is the machine's, correctness is ours (see the module's docstring).
         status = 0 if outcome.ok else 1
     except KeyboardInterrupt:
         print("\ninterrupted: shutting down", flush=True)

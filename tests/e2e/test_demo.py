@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -38,6 +39,10 @@ def test_demo_runs_every_task_once(redis_url: str) -> None:
     assert count("duplicates") == 0
     assert "(executed anyway: 0)" in out
     assert re.search(r"^lateness\s+p50 [\d.]+ ms\s+p99 [\d.]+ ms\s+max [\d.]+ ms", out, re.MULTILINE)
+    # The verdict states its threshold; LATE (a loaded machine) exits 0 like OK, in honest words.
+    assert re.search(r"^(OK: every task ran once, on time \(p99 [\d.]+ m?s, threshold 250 ms\)"
+                     r"|LATE: every task ran once, but p99 lateness [\d.]+ m?s is over the 250 ms threshold "
+                     r"\(the machine could not keep up\))$", out, re.MULTILINE), out
     assert out.rstrip().splitlines()[-1].startswith("done in")
     pids = [int(p) for p in re.findall(r"^(?:worker|scheduler) .*\(pid (\d+)\)$", out, re.MULTILINE)]
     assert len(pids) == 2
@@ -67,6 +72,35 @@ def test_demo_rejects_bad_options(args: list[str], message: str, capsys: pytest.
     out = capsys.readouterr()
     assert message in out.err
     assert out.out == ""
+
+
+def _outcome(lateness_ms: list[float], duplicates: int = 0) -> Any:
+    sys.path.insert(0, str(ROOT))
+    try:
+        from example_project.demo import Outcome
+    finally:
+        sys.path.remove(str(ROOT))
+    n = len(lateness_ms)
+    return Outcome(scheduled=n + 1, cancelled=1, released=n, executed=n, duplicates=duplicates, cancelled_ran=0,
+                   lateness_ms=sorted(lateness_ms))
+
+
+@pytest.mark.parametrize(("lateness_ms", "duplicates", "line"), [
+    ([1.0] * 99 + [12.34], 0, "OK: every task ran once, on time (p99 1.0 ms, threshold 250 ms)"),
+    ([1.0] * 98 + [249.0, 300.0], 0, "OK: every task ran once, on time (p99 249.0 ms, threshold 250 ms)"),
+    ([1.0] * 98 + [4900.0, 5000.0], 0,
+     "LATE: every task ran once, but p99 lateness 4.9 s is over the 250 ms threshold "
+     "(the machine could not keep up)"),
+    ([1.0] * 100, 1, "FAILED: not every task ran exactly once"),
+])
+def test_demo_verdict_states_its_threshold(lateness_ms: list[float], duplicates: int, line: str) -> None:
+    sys.path.insert(0, str(ROOT))
+    try:
+        from example_project.demo import LATE_P99_MS, verdict
+    finally:
+        sys.path.remove(str(ROOT))
+    assert LATE_P99_MS == 250
+    assert verdict(_outcome(lateness_ms, duplicates), LATE_P99_MS) == line
 
 
 def test_demo_says_when_redis_url_is_unreachable() -> None:
