@@ -53,7 +53,7 @@ def django_setup(tmp_path_factory: pytest.TempPathFactory) -> str:
             ALLOWED_HOSTS=["*"], ROOT_URLCONF="admin_urls",
             INSTALLED_APPS=["django.contrib.admin", "django.contrib.auth", "django.contrib.contenttypes",
                             "django.contrib.sessions", "django.contrib.messages", "django.contrib.staticfiles",
-                            "celery_delayed.contrib.django"],
+                            "celery_delayed.contrib.django", "django_celery_beat"],
             MIDDLEWARE=["django.contrib.sessions.middleware.SessionMiddleware",
                         "django.middleware.common.CommonMiddleware", "django.middleware.csrf.CsrfViewMiddleware",
                         "django.contrib.auth.middleware.AuthenticationMiddleware",

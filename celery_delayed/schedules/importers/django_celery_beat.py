@@ -2,10 +2,12 @@
 
 Its ``DatabaseScheduler`` keeps each entry's last run in memory and writes it
 to the row when it syncs, and it sees a changed row at its next tick (at
-most ``beat_max_loop_interval``, 5 s by default, later). Disabling a row
-clears its ``last_run_at`` (``PeriodicTask.save``), so the last run is read
-before; a run the old scheduler made meanwhile shows as a higher
-``total_run_count`` once it has synced (:attr:`DjangoBeatSource.settle_s`).
+most ``beat_max_loop_interval``, 5 s by default, later). So the import first
+marks the schedule changed and waits (:attr:`DjangoBeatSource.settle_s`):
+the rows then hold the last runs. Disabling a row clears its
+``last_run_at`` (``PeriodicTask.save``), so it is read before; a run the old
+scheduler made meanwhile shows as a higher ``total_run_count`` once it has
+synced again.
 """
 
 from __future__ import annotations
@@ -85,6 +87,12 @@ class DjangoBeatSource:
         """What the import does to an enabled old entry."""
         return "disabled in django-celery-beat (enabled=False)"
 
+    def sync(self) -> bool:
+        """Mark the schedule changed (``PeriodicTasks.update_changed``): at its next tick the old scheduler
+        writes the runs it made since its last sync to the rows (``last_run_at``, ``total_run_count``)."""
+        self.models.PeriodicTasks.update_changed()
+        return True
+
     def read(self) -> list[OldEntry]:
         """Every ``PeriodicTask``, sorted by name."""
         rows = self.models.PeriodicTask.objects.select_related(
@@ -143,7 +151,7 @@ class DjangoBeatSource:
         row = self.models.PeriodicTask.objects.get(pk=entry.ref)
         row.enabled = False
         row.no_changes = False  # else PeriodicTask.save does not tell the scheduler (PeriodicTasks.changed)
-        row.save(update_fields=["enabled", "no_changes", "last_run_at", "date_changed"])
+        row.save(update_fields=["enabled", "last_run_at", "date_changed"])
 
     def reread(self, entry: OldEntry, now_ms: int) -> OldEntry:
         """The entry with the runs its scheduler made since :meth:`read` (its last run, moved by them)."""

@@ -47,6 +47,10 @@ class RedbeatSource:
         """What the import does to an enabled old entry."""
         return "disabled in redbeat (enabled=False)"
 
+    def sync(self) -> bool:
+        """Nothing to ask: redbeat records each run in Redis as it sends it."""
+        return False
+
     def read(self) -> list[OldEntry]:
         """Every entry of redbeat's schedule, sorted by name."""
         keys = self.rb.get_redis(self.app).zrange(self.conf.schedule_key, 0, -1)

@@ -3,6 +3,9 @@
 The hand-over keeps each occurrence to one run, with the old scheduler still
 running while the import runs and stopped after it:
 
+0. the old scheduler is asked to record the last runs it keeps in memory
+   (django-celery-beat writes them to its rows when it syncs), and the
+   import waits for that (``settle_s``);
 1. every entry to import is disabled through the old package's own API, so
    its scheduler sends it no more once a tick in progress has ended;
 2. the import waits for that (``settle_s``) and reads the entries again:
@@ -46,6 +49,9 @@ class Source(Protocol):
 
     def describe_disable(self) -> str:
         """What the import does to an enabled old entry."""
+
+    def sync(self) -> bool:
+        """Ask the old scheduler to record what it ran; True: it does so within ``settle_s``."""
 
     def read(self) -> list[OldEntry]:
         """Every entry, sorted by name."""
@@ -148,6 +154,9 @@ def import_schedules(app: Celery, source: str, *, dry_run: bool = False, settle_
         raise InvalidOption(f"unknown source {source!r}: one of {sorted(makers)}")
     src = makers[source](app)
     store = get_store(app)
+    wait = src.settle_s if settle_s is None else settle_s
+    if not dry_run and src.sync():
+        sleep(wait)  # the old scheduler writes the last runs it keeps in memory
     now = store.redis.now_ms()
     report = Report(source=src.label, dry_run=dry_run)
     plans: list[_Plan] = []
@@ -172,7 +181,7 @@ def import_schedules(app: Celery, source: str, *, dry_run: bool = False, settle_
             continue
         handed.append(p)
     if any(p.entry.enabled for p in handed):
-        sleep(src.settle_s if settle_s is None else settle_s)
+        sleep(wait)
     for p in handed:
         done = _hand_over(app, src, p, now)
         if isinstance(done, NotImported):
