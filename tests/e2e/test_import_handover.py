@@ -16,6 +16,7 @@ import time
 from datetime import timedelta
 
 import pytest
+import redbeat.schedulers as redbeat
 from celery.schedules import schedule
 from support import Proc, SchedulerProcess, WorkerProcess, app_env, make_app, run_celery, wait_for
 
@@ -23,7 +24,6 @@ from celery_delayed import get_store
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
-redbeat = pytest.importorskip("redbeat.schedulers")  # the test extra installs it: never skipped in CI
 
 PERIOD_S = 2.0
 

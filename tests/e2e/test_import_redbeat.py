@@ -11,6 +11,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 import pytest
+import redbeat.schedulers as redbeat
 from celery.bin.base import CLIContext
 from celery.schedules import crontab, schedule
 from click.testing import CliRunner, Result
@@ -22,8 +23,6 @@ from celery_delayed.cli import delayed
 from celery_delayed.schedules.rules import Cron, next_after
 
 pytestmark = pytest.mark.timeout(60)
-
-redbeat = pytest.importorskip("redbeat.schedulers")  # the test extra installs it: never skipped in CI
 
 
 def invoke(app, *args: str) -> Result:
