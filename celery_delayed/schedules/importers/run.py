@@ -155,12 +155,14 @@ def import_schedules(app: Celery, source: str, *, dry_run: bool = False, settle_
     src = makers[source](app)
     store = get_store(app)
     wait = src.settle_s if settle_s is None else settle_s
-    if not dry_run and src.sync():
+    entries = src.read()
+    if not dry_run and any(e.enabled and not e.problem for e in entries) and src.sync():
         sleep(wait)  # the old scheduler writes the last runs it keeps in memory
+        entries = src.read()
     now = store.redis.now_ms()
     report = Report(source=src.label, dry_run=dry_run)
     plans: list[_Plan] = []
-    for entry in src.read():
+    for entry in entries:
         planned = _plan(app, src, entry, now)
         if isinstance(planned, NotImported):
             report.not_imported.append(planned)
