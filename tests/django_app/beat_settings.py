@@ -8,7 +8,8 @@ import os
 SECRET_KEY = "tests-only-beat"
 USE_TZ = True
 TIME_ZONE = "UTC"
-INSTALLED_APPS = ["django_celery_beat"]
-DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": os.environ["E2E_DJANGO_DB"],
+#: E2E_DJANGO_NO_BEAT: a project without django-celery-beat (the import says so)
+INSTALLED_APPS = [] if os.environ.get("E2E_DJANGO_NO_BEAT") else ["django_celery_beat"]
+DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": os.environ.get("E2E_DJANGO_DB", ":memory:"),
                          "OPTIONS": {"timeout": 20}}}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

@@ -23,7 +23,7 @@ import pytest
 from celery import Celery
 from celery.bin.base import CLIContext
 from click.testing import CliRunner, Result
-from support import Proc, SchedulerProcess, WorkerProcess, app_env, make_app, run_celery, wait_for
+from support import WORKER_APPS, Proc, SchedulerProcess, WorkerProcess, app_env, make_app, run_celery, wait_for
 
 from celery_delayed import get_store, lookup
 from celery_delayed import schedules as api
@@ -141,11 +141,17 @@ def test_import_maps_each_kind_and_disables_the_imported_rows(beat: Any, rows: d
 
 
 def test_without_django_settings_the_command_says_what_to_set(redis_url: str, uid: str) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    env = {k: v for k, v in os.environ.items() if k not in ("DJANGO_SETTINGS_MODULE", "PYTHONPATH")}
     res = run_celery(redis_url, f"t{uid}", f"q{uid}", "delayed", "schedules", "import", "--from",
                      "django-celery-beat", "--dry-run", env=env)
     assert res.returncode == 1, res.stdout + res.stderr
     assert "Django is not configured; set DJANGO_SETTINGS_MODULE" in res.stdout + res.stderr
+    env |= {"DJANGO_SETTINGS_MODULE": "beat_settings", "E2E_DJANGO_NO_BEAT": "1",
+            "PYTHONPATH": os.pathsep.join([str(WORKER_APPS), str(HERE), os.environ.get("PYTHONPATH", "")])}
+    res = run_celery(redis_url, f"t{uid}", f"q{uid}", "delayed", "schedules", "import", "--from",
+                     "django-celery-beat", "--dry-run", env=env)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "'django_celery_beat' is not in the Django project's INSTALLED_APPS" in res.stdout + res.stderr
 
 
 PERIOD_S = 2.0
