@@ -127,3 +127,15 @@ def test_a_new_redbeat_entry_first_runs_a_period_after_redbeat_saved_it(rapp):
     res = invoke(rapp, "schedules", "import", "--from", "redbeat", "--settle", "0")
     assert res.exit_code == 0, res.output
     assert [f for _, f in get_store(rapp).schedules.occurrences("new")] == [created + 3_600_000]
+
+
+def test_an_entry_disabled_and_then_not_imported_is_reported_failed(rapp):
+    """Removed from redbeat during the settle: not imported, and the report says it is left to no scheduler."""
+    from celery_delayed.schedules.importers import import_schedules
+
+    e = redbeat.RedBeatSchedulerEntry("gone", "e2e.mark", schedule(timedelta(seconds=30)), app=rapp).save()
+    report = import_schedules(rapp, "redbeat", sleep=lambda _s: e.delete())
+    assert report.imported == [] and [n.name for n in report.failed] == ["gone"]
+    assert "could not read it again from redbeat" in report.failed[0].reason
+    assert "it is disabled in redbeat: enable it there again" in report.failed[0].reason
+    assert api.list(rapp) == []

@@ -255,10 +255,13 @@ def _one_off_options(e: OldEntry, at: int) -> dict[str, Any]:
 
 def _hand_over(app: Celery, src: Source, p: _Plan, planned_at: int) -> Imported | NotImported:
     """Store one planned entry, from what the old scheduler ran until it was disabled."""
-    e = src.reread(p.entry, planned_at) if p.entry.enabled else p.entry
-    now = get_store(app).redis.now_ms()
     failed = p.entry.enabled  # disabled by this import: a failure now leaves it to no scheduler
     hint = f"; it is disabled in {src.label}: enable it there again" if failed else ""
+    try:
+        e = src.reread(p.entry, planned_at) if p.entry.enabled else p.entry
+    except Exception as exc:  # the old package's own error (the entry removed meanwhile, say)
+        return NotImported(p.entry.name, f"could not read it again from {src.label}: {exc!r}{hint}", failed)
+    now = get_store(app).redis.now_ms()
     try:
         if p.defn is None:
             if e.unseen_runs > 0:
