@@ -15,6 +15,11 @@ ARGV[6]  config: when the writing scheduler started, epoch ms ('' for api)
 ARGV[7]  a new random epoch: kept by a schedule that exists, set by one that
          does not (occurrence ids derive from it, so a schedule removed and
          added again never meets its old occurrences' records)
+ARGV[8]  '<shard>/<shard count>' the caller placed it in (a reshard's seal)
+ARGV[9]  the cursor and the origin, epoch ms ('' = now, and the origin kept): occurrences
+         start with the first fire time after it, and an interval counts its periods from
+         it (a schedule imported from another scheduler, which ran it last then)
+ARGV[10] paused: '1' to write it paused, '' to leave the flag as it is
 
 With source 'config' nothing changes when the stored config hash equals
 ARGV[5] (a run-time change wins over the config until the config entry itself
@@ -24,7 +29,7 @@ api write keeps the stored config hash. A write bumps the
 version (occurrence ids derive from name, version and fire time), resumes a
 paused schedule on a config change, moves the cursor to now (the new
 definition fires after now) and keeps the origin of intervals (set once, when
-the schedule is first seen).
+the schedule is first seen); with ARGV[9] both move to that instant instead.
 
 Returns {code, version, id1, ..., idN}: OK (written) or UNCHANGED (or {'!moved'}); ids = the
 occurrences created under the old definition, for the caller to cancel.
@@ -47,7 +52,14 @@ if redis.call('HEXISTS', h, 'def') == 0 then  -- new, or over a removal's tombst
   redis.call('HSET', h, 'epoch', ARGV[7], 'origin', now)
 end
 local ver = redis.call('HINCRBY', h, 'ver', 1)
-redis.call('HSET', h, 'name', ARGV[2], 'def', ARGV[3], 'src', source, 'last', now, 'updated', now)
+local after = ARGV[9] or ''
+local last = now
+if after ~= '' then
+  last = after
+  redis.call('HSET', h, 'origin', after)
+end
+redis.call('HSET', h, 'name', ARGV[2], 'def', ARGV[3], 'src', source, 'last', last, 'updated', now)
+if (ARGV[10] or '') == '1' then redis.call('HSET', h, 'paused', '1') end
 if source == 'config' then redis.call('HSET', h, 'chash', chash, 'csince', ARGV[6], 'paused', '0') end
 redis.call('SADD', KEYS[2], ARGV[2])
 local out = {OK, ver}

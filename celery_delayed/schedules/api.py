@@ -7,6 +7,7 @@ import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from celery import Celery
@@ -130,21 +131,34 @@ def get(app: Celery, name: str) -> Schedule:
 def add(app: Celery, name: str, task: str, schedule: object, args: Sequence[Any] = (),
         kwargs: Mapping[str, Any] | None = None, options: Mapping[str, Any] | None = None, *,
         timezone: str | None = None, misfire: str = "latest", skip_if_running: bool = False,
-        strict: bool = True) -> Schedule:
+        strict: bool = True, after: datetime | None = None, paused: bool = False) -> Schedule:
     """Add a recurring schedule, or replace the one of that name (a run-time change: it wins over
     ``delayed_schedule`` until that config entry itself changes).
 
     Its occurrences start with the first fire time after now; those stored
     for an old definition and not yet released are cancelled.
 
+    Args:
+        after: an aware datetime: the occurrences start with the first fire
+            time after it instead, and an interval counts its periods from it
+            (a schedule taken over from another scheduler that last ran it
+            then). A fire time between it and now is a missed one: it runs
+            by ``misfire`` (``"latest"``: once, now).
+        paused: store it paused (:func:`resume` starts it from then on).
+
     Raises:
-        InvalidOption, UnknownTask: a bad entry; nothing is stored.
+        InvalidOption, UnknownTask: a bad entry (or a naive ``after``); nothing is stored.
     """
     entry = {"task": task, "schedule": schedule, "args": args, "kwargs": kwargs or {}, "options": options or {},
              "timezone": timezone, "misfire": misfire, "skip_if_running": skip_if_running}
     defn = definition(app, name, entry, strict=strict)
+    after_ms = None
+    if after is not None:
+        if not isinstance(after, datetime) or after.tzinfo is None or after.utcoffset() is None:
+            raise InvalidOption(f"schedule {name!r}: after must be an aware datetime, got {after!r}")
+        after_ms = round(after.timestamp() * 1000)
     store = get_store(app)
-    _, old = store.schedules.put_schedule(name, defn, "api")
+    _, old = store.schedules.put_schedule(name, defn, "api", after_ms=after_ms, paused=paused)
     cancel_occurrences(store, store.schedules.shard_of(name), old)
     _prime(app, store, name)
     return get(app, name)

@@ -2,8 +2,8 @@
 
 Commands: ``list``, ``show NAME``, ``add NAME TASK (--every SECONDS | --cron
 "m h dom mon dow") [--no-strict]``, ``remove NAME``, ``pause NAME``, ``resume NAME``,
-``run-now NAME``. A run-time change wins over ``delayed_schedule`` until that
-config entry itself changes (:mod:`celery_delayed.schedules`).
+``run-now NAME``, ``import --from {redbeat,django-celery-beat} [--dry-run]``. A run-time
+change wins over ``delayed_schedule`` until that config entry itself changes (:mod:`celery_delayed.schedules`).
 """
 
 from __future__ import annotations
@@ -135,3 +135,42 @@ def run_now(ctx: click.Context, name: str) -> None:
     with errors():
         h = _schedules.run_now(app_of(ctx), name)
     click.echo(f"scheduled {h.id} now")
+
+
+@schedules.command(name="import")
+@click.option("--from", "source", required=True, type=click.Choice(["redbeat", "django-celery-beat"]),
+              help="The scheduler to import from: redbeat's entries in Redis, or django-celery-beat's "
+                   "PeriodicTask rows (in a Django project: DJANGO_SETTINGS_MODULE set).")
+@click.option("--dry-run", is_flag=True, help="Print the plan; change nothing anywhere.")
+@click.option("--settle", "settle_s", type=click.FloatRange(min=0), default=None,
+              help="Seconds the old scheduler may still send an entry once disabled (default: 1 for redbeat; "
+                   "beat_max_loop_interval + 2 for django-celery-beat).")
+@click.pass_context
+def import_(ctx: click.Context, source: str, dry_run: bool, settle_s: float | None) -> None:
+    """Import the entries of redbeat or django-celery-beat as recurring schedules.
+
+    Each imported entry is disabled in the old scheduler and resumes here after
+    its last run there, so the old scheduler can be stopped afterwards with no
+    occurrence run twice or skipped. What cannot be imported is listed with the
+    reason and left as it is.
+    """
+    from .importers import import_schedules
+
+    with errors():
+        report = import_schedules(app_of(ctx), source, dry_run=dry_run, settle_s=settle_s)
+    verb = "would import" if dry_run else "imported"
+    for item in report.imported:
+        when = "paused" if item.next_ms is None else f"next {fmt_ms(item.next_ms)}"
+        job = f"  job {item.job_id}" if item.job_id else ""
+        click.echo(f"{verb} {item.name}  {item.task}  {item.what}  {when}  old entry: {item.old}{job}")
+        for note in item.dropped:
+            click.echo(f"  left out of {item.name}: {note}")
+    if report.not_imported:
+        click.echo(f"not imported ({len(report.not_imported)}):")
+        for n in report.not_imported:
+            click.echo(f"  {n.name}: {n.reason}")
+    tail = " (dry run: nothing changed)" if dry_run else ""
+    click.echo(f"{len(report.imported)} entr{'y' if len(report.imported) == 1 else 'ies'} {verb} from "
+               f"{report.source}, {len(report.not_imported)} not imported{tail}", err=True)
+    if report.failed:
+        raise SystemExit(1)

@@ -115,13 +115,16 @@ class ScheduleRecords(Facet):
                 time.sleep(0.02)
 
     def put_schedule(self, name: str, definition: dict[str, Any], source: str, config_hash: str = "",
-            now_ms: int | None = None, since_ms: int = 0) -> tuple[bool, list[str]]:
+            now_ms: int | None = None, since_ms: int = 0, after_ms: int | None = None,
+            paused: bool = False) -> tuple[bool, list[str]]:
         """Create or replace a schedule (``put_schedule.lua``).
 
         Returns (written, ids of the old definition's occurrences to cancel).
         With ``source="config"`` nothing is written when the stored config
         hash is ``config_hash`` already, or when a scheduler started later
-        than ``since_ms`` (this one's start) wrote it.
+        than ``since_ms`` (this one's start) wrote it. ``after_ms``: the
+        cursor and the interval's origin (default: now, the origin kept);
+        ``paused``: written paused (else the flag is left as it is).
         """
         self.layout.check()
         self.redis.client.sadd(self.keys.schedules, name)  # the index first: a reader may see a name too early
@@ -129,7 +132,8 @@ class ScheduleRecords(Facet):
         reply = self._on_shard(name, lambda s, keys: self.redis.run(
             self.redis.scripts.put_schedule, keys,
             [self.redis.now_arg(now_ms), name, text, source, config_hash, str(since_ms) if source == "config" else "",
-             epoch, f"{s}/{self.layout.shards}"]))
+             epoch, f"{s}/{self.layout.shards}", "" if after_ms is None else str(int(after_ms)),
+             "1" if paused else ""]))
         return int(reply[0]) == Reply.OK, [str(x) for x in reply[2:]]
 
     def drop_schedule(self, name: str, only_config: bool = False, since_ms: int = 0) -> tuple[int, list[str]]:

@@ -12,6 +12,7 @@ Run alone: ``pytest tests/django_app`` (about a minute).
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 import uuid
 from collections.abc import Iterator
@@ -29,6 +30,9 @@ sys.path.insert(0, str(HERE))
 from support import make_app  # noqa: E402
 
 PASSWORD = "a-long-test-password"
+#: django-celery-beat's app, for the import's tests (the test extra installs it; the version matrix,
+#: which runs only the Django app's own tests, does not)
+_BEAT = ["django_celery_beat"] if importlib.util.find_spec("django_celery_beat") else []
 
 
 def django_databases(url: str) -> dict[str, Any]:
@@ -53,7 +57,7 @@ def django_setup(tmp_path_factory: pytest.TempPathFactory) -> str:
             ALLOWED_HOSTS=["*"], ROOT_URLCONF="admin_urls",
             INSTALLED_APPS=["django.contrib.admin", "django.contrib.auth", "django.contrib.contenttypes",
                             "django.contrib.sessions", "django.contrib.messages", "django.contrib.staticfiles",
-                            "celery_delayed.contrib.django"],
+                            "celery_delayed.contrib.django", *_BEAT],
             MIDDLEWARE=["django.contrib.sessions.middleware.SessionMiddleware",
                         "django.middleware.common.CommonMiddleware", "django.middleware.csrf.CsrfViewMiddleware",
                         "django.contrib.auth.middleware.AuthenticationMiddleware",

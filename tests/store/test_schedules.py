@@ -450,3 +450,25 @@ def test_a_broken_stored_schedule_is_listed_as_broken_skipped_once_logged_and_br
     assert fixed.error == "" and fixed.occurrences and fixed.next_fire_ms is not None
     assert api.remove(app, "mangled") == 0
     assert [s.name for s in api.list(app)] == ["badopts", "good", "huge"]
+
+
+def test_add_after_resumes_from_a_last_run_elsewhere_and_runs_the_missed_fire_once(app):
+    """``add(after=)``: a schedule taken over from another scheduler that last ran it then."""
+    from datetime import timedelta
+
+    store = get_store(app)
+    now = store.redis.now_ms()
+    last = now - 25_000  # ran 25 s ago; every 10 s: due 15 s and 5 s ago (missed), then 5 s ahead
+    s = api.add(app, "imported", "e2e.mark", 10, strict=False,
+                after=datetime.fromtimestamp(last / 1000, timezone.utc))
+    stored = store.schedules.get("imported")
+    assert stored.origin_ms == last and not s.paused
+    fires = [f for _, f in store.schedules.occurrences("imported")]
+    assert fires[:2] == [last + 20_000, last + 30_000]  # the latest missed one once (now), then on its grid
+    assert s.next_fire_ms == last + 30_000
+    p = api.add(app, "off", "e2e.mark", 10, strict=False, paused=True,
+                after=datetime.fromtimestamp(last / 1000, timezone.utc))
+    assert p.paused and store.schedules.occurrences("off") == []
+    with pytest.raises(InvalidOption, match="after must be an aware datetime"):
+        api.add(app, "naive", "e2e.mark", 10, strict=False, after=datetime(2027, 1, 1) + timedelta(0))
+    assert store.schedules.get("naive") is None
