@@ -339,7 +339,7 @@ def test_redis_kill_absorb_at_random_points_every_task_runs_exactly_once(redis_u
     app = make_app(redis_url, uid)
     prefix, queue = f"t{uid}", f"q{uid}"
     rng = random.Random(int(uid, 16))
-    sent = send(app, N_KILL, lambda i: 22 + (i % 100) * 0.1)
+    sent = send(app, N_KILL, lambda i: 20 + (i % 100) * 0.05)
     sent.update(send(app, 200, None))
     landed, out = absorb_with_kills(redis_url, prefix, queue, None, lambda: rclient.llen(queue), 5, rng)
     assert len(landed) >= 3, (landed, out)
@@ -363,7 +363,7 @@ def test_rabbitmq_kill_absorb_at_random_points_every_task_runs_exactly_once(
     app = make_app(rabbitmq_url, uid, delayed_redis_url=redis_url)
     prefix, queue = f"t{uid}", rabbit_queue
     rng = random.Random(int(uid, 16))
-    sent = send(app, N_KILL, lambda i: 22 + (i % 100) * 0.1)
+    sent = send(app, N_KILL, lambda i: 20 + (i % 100) * 0.05)
     sent.update(send(app, 200, None))
     landed, out = absorb_with_kills(rabbitmq_url, prefix, queue, redis_url,
                                     lambda: rabbit_count(rabbitmq_url, queue), 5, rng)
