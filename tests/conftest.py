@@ -72,6 +72,19 @@ def rabbitmq_url() -> str:
     return "amqp://guest:guest@127.0.0.1:5672//"
 
 
+@pytest.fixture
+def rabbit_queue(rabbitmq_url: str, uid: str) -> Iterator[str]:
+    """This test's queue name on RabbitMQ (``make_app``'s default queue), deleted with its exchange after it."""
+    from kombu import Connection
+
+    name = f"q{uid}"
+    yield name
+    with Connection(rabbitmq_url) as conn:
+        ch = conn.default_channel
+        ch.queue_delete(name)
+        ch.exchange_delete(name)
+
+
 @pytest.fixture(params=["postgresql", "sqlite"])
 def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A private database, once PostgreSQL (created and dropped) and once SQLite (a file)."""

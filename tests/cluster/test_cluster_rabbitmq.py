@@ -12,7 +12,6 @@ from __future__ import annotations
 import collections
 import json
 import time
-from collections.abc import Iterator
 
 import pytest
 from kombu import Connection
@@ -23,17 +22,6 @@ from support.delivery import claims, pending, received
 from celery_delayed import apply_later, apply_later_many, cancel, dlq, get_store, reschedule
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture
-def rabbit_queue(rabbitmq_url: str, uid: str) -> Iterator[str]:
-    """This test's queue name on RabbitMQ (make_app's default queue), deleted with its exchange after it."""
-    name = f"q{uid}"
-    yield name
-    with Connection(rabbitmq_url) as conn:
-        ch = conn.default_channel
-        ch.queue_delete(name)
-        ch.exchange_delete(name)
 
 
 def ready(rabbitmq_url: str, queue: str) -> int:

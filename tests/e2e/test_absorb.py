@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime
 
 import pytest
@@ -273,16 +273,6 @@ def test_redis_absorbs_what_a_killed_worker_left_unacknowledged_never_what_a_liv
     assert rclient.zscore("unacked_index", next(iter(orphans))) is None
 
 
-@pytest.fixture
-def rabbit_queue(rabbitmq_url: str, uid: str) -> Iterator[str]:
-    name = f"q{uid}"
-    yield name
-    with Connection(rabbitmq_url) as conn:
-        ch = conn.default_channel
-        ch.queue_delete(name)
-        ch.exchange_delete(name)
-
-
 def rabbit_count(rabbitmq_url: str, queue: str) -> int:
     """How many messages a RabbitMQ queue holds that nobody holds unacknowledged."""
     with Connection(rabbitmq_url) as conn:
@@ -352,48 +342,37 @@ def check_exactly_once(client: redis.Redis, prefix: str, sent: dict[str, float],
 
 
 @pytest.mark.timeout(300)
-def test_redis_kill_absorb_at_random_points_every_task_runs_exactly_once(redis_url, uid, rclient, workers):
-    app = make_app(redis_url, uid)
-    prefix, queue = f"t{uid}", f"q{uid}"
+@pytest.mark.parametrize("broker", ["redis", "rabbitmq"])
+def test_kill_absorb_at_random_points_every_task_runs_exactly_once(request, redis_url, uid, rclient, workers,
+                                                                    broker):
+    """10,000 ETA messages and 200 without an eta; absorb SIGKILLed at random points, then run to its end."""
+    if broker == "redis":
+        url, store_url, queue = redis_url, None, f"q{uid}"
+
+        def held() -> int:
+            return int(rclient.llen(queue))
+    else:
+        url, store_url = request.getfixturevalue("rabbitmq_url"), redis_url
+        queue = request.getfixturevalue("rabbit_queue")
+
+        def held() -> int:
+            return rabbit_count(url, queue)
+    app = make_app(url, uid, delayed_redis_url=redis_url)
+    prefix = f"t{uid}"
     rng = random.Random(int(uid, 16))
     sent = send(app, N_KILL, lambda i: 30 + (i % 100) * 0.05)
     sent.update(send(app, 200, None))
-    landed, out = absorb_with_kills(redis_url, prefix, queue, None, lambda: rclient.llen(queue), 5, rng, 200)
+    landed, out = absorb_with_kills(url, prefix, queue, store_url, held, 5, rng, 200)
     assert len([n for n in landed if n > 200]) >= 2, (landed, out)  # killed with work left, twice or more
     store = get_store(app)
     eta_ids = [tid for tid, due in sent.items() if due]
     assert len(store.lookup.locate_many(eta_ids)) == N_KILL
-    assert rclient.llen(queue) == 200
-    workers.append(SchedulerProcess(redis_url, prefix, queue))
-    w = WorkerProcess(redis_url, prefix, queue, concurrency=4, pool="threads")
+    assert held() == 200
+    workers.append(SchedulerProcess(url, prefix, queue, store=store_url))
+    w = WorkerProcess(url, prefix, queue, store=store_url, concurrency=4, pool="threads")
     workers.append(w)
     w.wait_ready()
     report = check_exactly_once(rclient, prefix, sent, timeout=200)
-    print(f"redis kill test: kills landed with {landed} messages left in the broker; {report}")
-    assert report == {"messages": N_KILL + 200, "ran": N_KILL + 200, "ran twice or more": 0, "unknown": 0,
-                      "early": 0, "missing": 0}
-
-
-@pytest.mark.timeout(300)
-def test_rabbitmq_kill_absorb_at_random_points_every_task_runs_exactly_once(
-        rabbitmq_url, redis_url, uid, rclient, rabbit_queue, workers):
-    app = make_app(rabbitmq_url, uid, delayed_redis_url=redis_url)
-    prefix, queue = f"t{uid}", rabbit_queue
-    rng = random.Random(int(uid, 16))
-    sent = send(app, N_KILL, lambda i: 30 + (i % 100) * 0.05)
-    sent.update(send(app, 200, None))
-    landed, out = absorb_with_kills(rabbitmq_url, prefix, queue, redis_url,
-                                    lambda: rabbit_count(rabbitmq_url, queue), 5, rng, 200)
-    assert len([n for n in landed if n > 200]) >= 2, (landed, out)  # killed with work left, twice or more
-    store = get_store(app)
-    eta_ids = [tid for tid, due in sent.items() if due]
-    assert len(store.lookup.locate_many(eta_ids)) == N_KILL
-    assert len(rabbit_ids(rabbitmq_url, queue)) == 200
-    workers.append(SchedulerProcess(rabbitmq_url, prefix, queue, store=redis_url))
-    w = WorkerProcess(rabbitmq_url, prefix, queue, store=redis_url, concurrency=4, pool="threads")
-    workers.append(w)
-    w.wait_ready()
-    report = check_exactly_once(rclient, prefix, sent, timeout=200)
-    print(f"rabbitmq kill test: kills landed with {landed} messages left in the broker; {report}")
+    print(f"{broker} kill test: kills landed with {landed} messages left in the broker; {report}")
     assert report == {"messages": N_KILL + 200, "ran": N_KILL + 200, "ran twice or more": 0, "unknown": 0,
                       "early": 0, "missing": 0}

@@ -14,7 +14,6 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -41,17 +40,6 @@ sched = Scheduler(e2e_app.app)
 sched.releaser.before_ack = lambda batch: os.kill(os.getpid(), signal.SIGKILL)
 sched.run()
 """
-
-
-@pytest.fixture
-def rabbit_queue(rabbitmq_url: str, uid: str) -> Iterator[str]:
-    """A unique queue name on RabbitMQ, deleted (with its exchange) after the test."""
-    name = f"q{uid}"
-    yield name
-    with Connection(rabbitmq_url) as conn:
-        ch = conn.default_channel
-        ch.queue_delete(name)
-        ch.exchange_delete(name)
 
 
 def inflight(client: redis.Redis, prefix: str) -> int:
