@@ -74,12 +74,13 @@ def absorb_with_kills(broker: str, prefix: str, queue: str, store: str | None, r
             break
         proc = subprocess.Popen(args, env=env, cwd=str(WORKER_APPS), stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
-        # A random point of the work left: once the broker holds at most `target` messages, and a
-        # moment more (Redis loses them a batch at a time, so this falls anywhere in a batch's cycle).
-        target = rng.randint(stay, max(stay, remaining() - 1))
+        # A random point of the work left: once the broker holds at most `target` messages (between a fifth
+        # and four fifths of the way), and a moment more (Redis loses them a batch at a time, so this falls
+        # anywhere in a batch's cycle).
+        target = stay + int((remaining() - stay) * rng.uniform(0.2, 0.8))
         wait_for(lambda p=proc, n=target: remaining() <= n or p.poll() is not None, 60, interval=0.001,
                  what="absorb to take messages")
-        time.sleep(rng.uniform(0, 0.03))
+        time.sleep(rng.uniform(0, 0.01))
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
             landed.append(remaining())
