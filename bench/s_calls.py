@@ -91,23 +91,22 @@ def _round(client: Any, system: str, app: Any, prefix: str, plan: list[tuple[flo
     base = time.time() + 0.5
     lag = 0.0
     if system == DELAYED:
-        task = app.tasks["bench.late_d"]
-        for call, due in plan:
-            pause = base + call - time.time()
-            if pause > 0:
-                time.sleep(pause)
-            else:
-                lag = max(lag, -pause)
-            task.apply_later(args=(base + due,), when=_at(base + due))
+        delayed_task = app.tasks["bench.late_d"]
+
+        def send(due: float) -> None:
+            delayed_task.apply_later(args=(due,), when=_at(due))
     else:
-        task = app.tasks["bench.late"]
-        for call, due in plan:
-            pause = base + call - time.time()
-            if pause > 0:
-                time.sleep(pause)
-            else:
-                lag = max(lag, -pause)
-            task.apply_async(args=(base + due,), eta=_at(base + due))
+        eta_task = app.tasks["bench.late"]
+
+        def send(due: float) -> None:
+            eta_task.apply_async(args=(due,), eta=_at(due))
+    for call, due in plan:
+        pause = base + call - time.time()
+        if pause > 0:
+            time.sleep(pause)
+        else:
+            lag = max(lag, -pause)
+        send(base + due)
     last_due = base + plan[-1][1] if plan else time.time()
     wait_for(lambda: client.llen(f"{prefix}:ran") >= n, max(0.0, last_due - time.time()) + wait_s, interval=0.05)
     done = runs(client, prefix)
