@@ -108,6 +108,7 @@ def apply_later(
     throttle_key: str | None = None,
     window: float | timedelta | None = None,
     spread: float | timedelta | None = None,
+    tenant: str | None = None,
     **options: Any,
 ) -> DelayedResult:
     """Schedule task ``name`` to be sent to its queue at ``when`` (like ``send_task``).
@@ -144,6 +145,10 @@ def apply_later(
             job is placed, at an offset its id decides (the task's
             ``delayed_spread`` by default): many jobs due at one moment become
             a ramp. The offset is kept in the job's record (``spr``, ms).
+        tenant: the job's tenant: when more jobs are due than one release
+            takes, the release takes them round-robin across tenants, so
+            that one tenant's flood does not hold up another's jobs; the
+            ``tenant:`` keys of ``delayed_rate_limits`` apply to it.
         **options: Celery's ``apply_async`` options: queue, routing_key,
             exchange, priority, expires, headers, serializer, ...; and
             ``max_lateness`` (seconds) with ``misfire`` ("run", "skip" or
@@ -170,15 +175,15 @@ def apply_later(
         if sp:
             raise InvalidOption("spread does not apply to a debounced or throttled job: its key decides when it "
                                 "goes; pass spread=0 (or leave it out) with debounce_key / throttle_key")
-        return _apply_keyed(app, store, name, args, kwargs, when, spec, shard_key, task, opts)
-    if not options and task_id is None and shard_key is None and idempotency_key is None:
+        return _apply_keyed(app, store, name, args, kwargs, when, spec, shard_key, task, opts, tenant)
+    if not options and task_id is None and shard_key is None and idempotency_key is None and tenant is None:
         # Only args, kwargs and when: the path apply_later_many takes for such calls (the same job).
         plain = PlainCalls.cached(app, store, name, task, opts)
         fast = plain.prepare(args, kwargs, when, parent_ids(app, None, None), sp) if plain is not None else None
         if fast is not None:
             return store_prepared(app, store, [fast], connection)[0]
     p = prepare(app, store, name, args, kwargs, when, task_id=task_id, shard_key=shard_key,
-                idempotency_key=idempotency_key, task_type=task, options=opts, spread_ms=sp)
+                idempotency_key=idempotency_key, task_type=task, options=opts, spread_ms=sp, tenant=tenant)
     return store_prepared(app, store, [p], connection)[0]
 
 
@@ -196,10 +201,10 @@ def task_spread(task: Any, spread: object) -> int:
 
 def _apply_keyed(app: Celery, store: Store, name: str, args: Sequence[Any] | None,
                  kwargs: Mapping[str, Any] | None, when: object, spec: KeyedSpec, shard_key: str | int | None,
-                 task: Any, opts: Mapping[str, Any]) -> DelayedResult:
+                 task: Any, opts: Mapping[str, Any], tenant: str | None = None) -> DelayedResult:
     """``apply_later`` with a debounce or throttle key: one script on the key's shard."""
     p = prepare(app, store, name, args, kwargs, when, shard_key=spec.key if shard_key is None else shard_key,
-                task_type=task, options=opts)
+                task_type=task, options=opts, tenant=tenant)
     res = store.jobs.schedule_keyed(p.job, spec.mode, spec.key, spec.limit_ms)
     if res.created and app.conf.task_send_sent_event:
         _announce_scheduled(app, [p], [res])
@@ -209,7 +214,7 @@ def _apply_keyed(app: Celery, store: Store, name: str, args: Sequence[Any] | Non
 
 def apply_later_many(
     app: Celery, name: str, calls: Iterable[Mapping[str, Any]], *, strict: bool = True, connection: Any = None,
-    spread: float | timedelta | None = None,
+    spread: float | timedelta | None = None, tenant: str | None = None,
 ) -> list[DelayedResult]:
     """Schedule many jobs of one task in one round trip (one script call per shard, in one ``MULTI``/``EXEC``).
 
@@ -218,8 +223,8 @@ def apply_later_many(
     validated before anything is written: one bad item stores nothing. A
     store at ``maxmemory`` refuses the whole batch (``StoreFull``), also when
     it fills up part way; on a Redis Cluster each shard's part is written on
-    its own. ``spread``: as :func:`apply_later`'s, for every call (a call's
-    own ``spread`` wins).
+    its own. ``spread`` and ``tenant``: as :func:`apply_later`'s, for every
+    call (a call's own ``spread`` or ``tenant`` wins).
     """
     task = lookup_task(app, name, strict)
     defaults = task_defaults(task) if task is not None else {}
@@ -234,7 +239,7 @@ def apply_later_many(
                 f"each item of calls must be a mapping of apply_later keyword arguments, "
                 f"got {type(call).__name__} {call!r:.80}"
             )
-        if plain is not None and PlainCalls.accepts(call):
+        if plain is not None and tenant is None and PlainCalls.accepts(call):
             fast = plain.prepare(call.get("args"), call.get("kwargs"), call.get("when", 0), spread_ms=sp)
             if fast is not None:
                 prepared.append(fast)
@@ -248,8 +253,8 @@ def apply_later_many(
         p = prepare(
             app, store, name, c.pop("args", None), c.pop("kwargs", None), c.pop("when", 0),
             task_id=c.pop("task_id", None), shard_key=c.pop("shard_key", None),
-            idempotency_key=c.pop("idempotency_key", None), task_type=task, options=defaults | c,
-            spread_ms=own_spread,
+            idempotency_key=c.pop("idempotency_key", None), spread_ms=own_spread,
+            tenant=c.pop("tenant") if "tenant" in c else tenant, task_type=task, options=defaults | c,
         )
         prepared.append(p)
         if call.get("task_id") is not None:

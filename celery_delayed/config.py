@@ -19,6 +19,7 @@ from urllib.parse import parse_qs, urlsplit
 from celery import Celery
 
 from .errors import ConfigurationError
+from .rate_limits import parse_limits
 from .redis_urls import broker_url, is_redis_url, is_sentinel_url, redact, sentinel_hosts
 
 _DAY_S = 86_400
@@ -199,6 +200,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("schedule", dict, None, "recurring schedules: `{name: {\"task\", \"schedule\", \"args\", \"kwargs\", "
             "\"options\", \"timezone\", \"misfire\"}}` like `beat_schedule` (see Recurring schedules); read again "
             "by the schedulers every `delayed_schedule_sync_s`", nullable=True),
+    Setting("rate_limits", dict, None, "fleet-wide rate limits at release: `{key: rate}`, a key being a task "
+            "name, `\"queue:<name>\"`, `\"tenant:<name>\"` or `\"tenant:*\"` (each tenant at that rate), a rate "
+            "Celery's rate string (`\"100/s\"`, `\"10/m\"`, `\"1000/h\"`); every scheduler of the fleet "
+            "together releases at most that rate (see Rate limits and tenants); `delayed limits` changes them at "
+            "run time", nullable=True),
     Setting("import_beat_schedule", bool, False, "also run the app's `beat_schedule` as recurring schedules "
             "(`delayed_schedule` wins on a shared name)"),
     Setting("schedule_sync_s", float, 10.0, "how often a scheduler writes changed config entries of its shards' "
@@ -323,6 +329,7 @@ _EXTRA_CHECKS: dict[str, Callable[[Any, Any], Any]] = {
     "dlq_queue": _non_empty("dlq_queue"),
     "dlq_task": _non_empty("dlq_task"),
     "database_url": _database_url,
+    "rate_limits": lambda conf, value: parse_limits(value),
 }
 
 
@@ -370,6 +377,7 @@ class DelayedConfig:
     metrics_port: int | None
     metrics_address: str
     schedule: dict[str, Any] | None
+    rate_limits: dict[str, float]  # key -> jobs per second (rate_limits.py)
     import_beat_schedule: bool
     schedule_sync_s: float
     schedule_catch_up_max: int
@@ -391,6 +399,7 @@ class DelayedConfig:
         """A config with every default (``redis_url`` must be given), for tools and tests."""
         values = {s.key: s.default for s in SETTINGS}
         values["redis_options"] = {}
+        values["rate_limits"] = {}
         values.update(overrides)
         return cls(**values)
 

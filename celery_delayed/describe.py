@@ -58,6 +58,8 @@ LABELS: dict[str, str] = {
     Field.HOST: "failed on host",
     Field.DELAY: "retry backoff (ms)",
     Field.SPREAD: "spread offset (ms)",
+    Field.TENANT: "tenant",
+    Field.LIMIT_WAIT: "waiting for a token of the rate limit",
     Field.DIED: "dead-lettered",
     Field.ARGS: "arguments",
     Field.KWARGS: "keyword arguments",

@@ -140,6 +140,10 @@ class Field:
     DELAY = "delay"
     #: the offset (ms) a spread window gave the job after the due time it was asked for
     SPREAD = "spr"
+    #: its tenant (``tenant=``): fair release across tenants, ``tenant:`` rate limits
+    TENANT = "tn"
+    #: the rate limit key it waits under (due, no token left)
+    LIMIT_WAIT = "lw"
     DIED = "died"
     ARGS = "args"
     KWARGS = "kwargs"

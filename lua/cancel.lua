@@ -32,6 +32,7 @@ steady, so a full store keeps draining.
 -- @include "due_index"
 -- @include "changes"
 -- @include "ops"
+-- @include "shaping"
 -- @include "compact"
 
 local jk = KEYS[4]
@@ -46,6 +47,7 @@ if st == 'SCHEDULED' then
   due_rem(KEYS[1], KEYS[2], ARGV[2], tonumber(due), tonumber(ARGV[3]))
   ix_rem(base, task, q, ARGV[2])
   redis.call('ZREM', base .. 'held', ARGV[2])
+  shaping_forget(base, jk, ARGV[2])
 end
 stats_add(base, 'cancelled', 1, 'queued', st == 'QUEUED' and -1 or 0, 'running', st == 'RUNNING' and -1 or 0)
 redis.call('ZREM', KEYS[3], ARGV[2])

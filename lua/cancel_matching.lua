@@ -26,6 +26,7 @@ Runs when Redis is at maxmemory (@flags below): it frees memory.
 -- @include "common"
 -- @include "due_index"
 -- @include "ops"
+-- @include "shaping"
 -- @include "changes"
 -- @include "compact"
 
@@ -44,6 +45,7 @@ for i = 8, #ARGV do
     if st == 'SCHEDULED' then
       due_rem(KEYS[1], KEYS[2], id, tonumber(due), bucket_ms)
       redis.call('ZREM', base .. 'held', id)
+      shaping_forget(base, jk, id)
       redis.call('HSET', jk, 'st', 'CANCELLED', 'cancelled', now)
       drop_message(jk)
       redis.call('PEXPIRE', jk, ttl)

@@ -27,6 +27,8 @@ ARGV[11] '1' to append to the change log (a database mirrors the store), '' not
 ARGV[12] look-ahead, ms: jobs due up to now + this are claimed, those not yet
          due with Celery's `eta` set to their due time (includes/eta.lua);
          a debounce key's job waits for its due time (as in release_due)
+ARGV[13] the shard count, then n, then n pairs: a rate limit's key and its
+         rate per second (the app's delayed_rate_limits; includes/shaping_release.lua)
 
 Returns {code, claimed, skipped, next_due, now, hold, then per claimed job:
 id, msg, exchange, routing_key, queue, ev, then per job not sent: id, state,
@@ -50,6 +52,8 @@ steady, so a full store keeps draining.
 -- @include "ops"
 -- @include "eta"
 -- @include "compact"
+-- @include "shaping"
+-- @include "shaping_release"
 
 if not lease_ok(KEYS[4], ARGV[5], ARGV[6]) then return {NOT_OWNER, 0, 0, -1, 0, -1} end
 local now = now_ms(ARGV[1])
@@ -125,21 +129,35 @@ for _, id in ipairs(stale) do
   end
 end
 
-local upto, room = now + (tonumber(ARGV[12]) or 0), limit - claimed
-local ids = take_due(KEYS[1], KEYS[2], bucket_ms, upto, room)
-for _, id in ipairs(ids) do
+local upto = now + (tonumber(ARGV[12]) or 0)
+local L, S, tgone, parked = limits_load(base, ARGV, 13), {}, {}, 0  -- rate limits, their buckets; tenants' lanes left
+-- One job taken out of the due index (from = nil) or out of a limit's wait set (from = its key).
+local function consider(id, from)
   local jk = prefix .. id
-  local st, due, task, q, tp, msg, b, dk = unpack(redis.call('HMGET', jk, 'st', 'due', 'task', 'q', 'tp', 'msg', 'b',
-    'dk'))
+  local st, due, task, q, tp, msg, b, dk, tn = unpack(redis.call('HMGET', jk, 'st', 'due', 'task', 'q', 'tp', 'msg',
+    'b', 'dk', 'tn'))
   task, q = route_of(base, task, q, tp)
-  if dk and st == 'SCHEDULED' and tonumber(due) > now then  -- a debounce job waits for its due time
+  if from then redis.call('HDEL', jk, 'lw') end
+  local ks = st == 'SCHEDULED' and L and limit_keys(L, task, q, tn)
+  if st == 'SCHEDULED' and tonumber(due) > now and (dk or ks) then
+    -- a debounce job waits for its due time; a rate-limited one spends its token when it is due
     local d = tonumber(due)
     due_add(KEYS[1], KEYS[2], id, d, bucket_ms)
+    tenant_add(base, tn, id, d)
     if (not hold) or d < hold then hold = d end
-  elseif st == 'SCHEDULED' and paused and is_paused(paused, task, q) then  -- held back: stays pending
+    return
+  end
+  if not from then tenant_push(tgone, tn, id) end
+  if st == 'SCHEDULED' and paused and is_paused(paused, task, q) then  -- held back: stays pending
     redis.call('ZADD', base .. 'held', due, id)
     skipped = skipped + 1
   elseif st == 'SCHEDULED' and (msg or b) then
+    local wait = ks and limit_admit(S, base, ks, now, from)
+    if wait then  -- waits for a token: stays pending, in due order behind the others waiting
+      limit_park(S, base, wait, jk, id, due)
+      parked = parked + 1
+      return
+    end
     ix_push(gone, task, q, id)
     if not held_back(id, jk) then
       redis.call('HSET', jk, 'st', 'CLAIMED')
@@ -151,7 +169,15 @@ for _, id in ipairs(ids) do
     skipped = skipped + 1
   end
 end
+-- Jobs a rate limit held back first (they were due before the ones in the index now).
+local ready = limit_ready(S, L, base, now, limit - claimed)
+for i = 1, #ready, 2 do consider(ready[i], ready[i + 1]) end
+local room = limit - claimed - #ready / 2
+local ids = {}
+if room > 0 then ids = take_fair(base, KEYS[1], KEYS[2], bucket_ms, upto, room) end
+for _, id in ipairs(ids) do consider(id, nil) end
 ix_flush(base, gone, 'rem')
+tenant_flush(base, tgone)
 late_save(base, 'rl', late)
 local expired, misfired = 0, 0
 for i = 2, #not_sent, 3 do
@@ -167,9 +193,13 @@ local s1 = #s > 0 and tonumber(s[2])
 if s1 and ((not e) or s1 < e) then e = s1 end
 set_next(KEYS[3], e)
 if hold then
-  e = next_visit(KEYS[1], KEYS[2], bucket_ms, now, upto, room > 0 and #ids >= room and claimed + skipped > 0)
+  e = next_visit(KEYS[1], KEYS[2], bucket_ms, now, upto, room > 0 and #ids >= room and claimed + skipped + parked > 0)
   if s1 and ((not e) or s1 < e) then e = s1 end
 end
+-- Jobs waiting for a token: the caller comes back when the first can go.
+local lnext = limit_next(S, L, base, now)
+if lnext and ((not hold) or lnext < hold) then hold = lnext end
+limits_save(S, base, now)
 out[2], out[3], out[4], out[6] = claimed, skipped, e or -1, hold or -1
 for _, v in ipairs(not_sent) do out[#out + 1] = v end
 log_change(KEYS[7], ARGV[11], 'CLAIMED', claimed_ids)

@@ -23,6 +23,7 @@ Returns the number of jobs written.
 -- @include "common"
 -- @include "due_index"
 -- @include "ops"
+-- @include "shaping"
 
 local call = redis.call
 local prefix, bucket_ms, channel, shard = ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
@@ -44,7 +45,7 @@ while i <= n do
     call('HSET', jk, unpack(rec))
     if pttl > 0 then call('PEXPIRE', jk, pttl) end
     if st == 'SCHEDULED' and due then
-      due_add(KEYS[1], KEYS[2], id, due, bucket_ms)
+      due_add_job(KEYS[1], KEYS[2], jk, id, due, bucket_ms)
       ix_add(base, task, q, id, due)
       if (not earliest) or due < earliest then earliest = due end
     elseif st == 'DEAD' and died then

@@ -29,6 +29,7 @@ Returns per job {id, pttl, fields} (fields: HGETALL, st = MOVING) when taken
 -- @include "common"
 -- @include "due_index"
 -- @include "ops"
+-- @include "shaping"
 
 local call = redis.call
 local prefix, bucket_ms = ARGV[2], tonumber(ARGV[3])
@@ -45,6 +46,7 @@ for i = 4, #ARGV, 3 do
       if st == 'SCHEDULED' then
         local due = tonumber(call('HGET', jk, 'due'))
         if due_rem(KEYS[1], KEYS[2], id, due, bucket_ms) == 0 then call('ZREM', KEYS[4], id) end
+        shaping_forget(base, jk, id)
         ix_rem(base, task, q, id)
       elseif st == 'DEAD' then
         local died = call('ZSCORE', KEYS[3], id)

@@ -30,6 +30,7 @@ pass as ARGV[8] next time (-1: the held set has been looked through).
 -- @include "common"
 -- @include "due_index"
 -- @include "ops"
+-- @include "shaping"
 -- @include "compact"
 
 local now = now_ms(ARGV[1])
@@ -55,7 +56,7 @@ for _, id in ipairs(ids) do
   else
     redis.call('ZREM', KEYS[2], id)
     if st == 'SCHEDULED' then
-      due_add(KEYS[3], KEYS[4], id, tonumber(due), bucket_ms)
+      due_add_job(KEYS[3], KEYS[4], prefix .. id, id, tonumber(due), bucket_ms)
       moved = moved + 1
     end
   end

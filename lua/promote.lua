@@ -25,6 +25,7 @@ is no such job)}. A job due already counts as promoted; nothing changes for it.
 -- @include "common"
 -- @include "due_index"
 -- @include "ops"
+-- @include "shaping"
 -- @include "changes"
 -- @include "eta"
 -- @include "compact"
@@ -42,7 +43,7 @@ local function promote(id)
     n = n + 1
     if tonumber(due) > now then
       due_rem(KEYS[1], KEYS[2], id, tonumber(due), bucket_ms)
-      due_add(KEYS[1], KEYS[2], id, now, bucket_ms)
+      due_add_job(KEYS[1], KEYS[2], jk, id, now, bucket_ms)
       redis.call('HSET', jk, 'due', now)
       local msg = redis.call('HGET', jk, 'msg')  -- what request.eta shows
       if msg then redis.call('HSET', jk, 'msg', with_eta(msg, now))

@@ -41,6 +41,7 @@ steady, so a full store keeps draining.
 -- @include "dlq"
 -- @include "changes"
 -- @include "ops"
+-- @include "shaping"
 -- @include "eta"
 -- @include "compact"
 
@@ -75,7 +76,7 @@ for i = 12, #ARGV, 3 do
       local tries = redis.call('HINCRBY', jk, 'claims', 0)  -- back off by how often it was claimed
       local due = now + math.min(cap, base * 2 ^ math.max(0, tries - 1))
       redis.call('HSET', jk, 'st', 'SCHEDULED', 'due', due, 'reason', reason)
-      due_add(KEYS[1], KEYS[2], id, due, bucket_ms)
+      due_add_job(KEYS[1], KEYS[2], jk, id, due, bucket_ms)
       local task, q = unpack(redis.call('HMGET', jk, 'task', 'q'))
       ix_add(shard_base(KEYS[1]), task, q, id, due)
       if (not earliest_back) or due < earliest_back then earliest_back = due end

@@ -30,6 +30,7 @@ Returns {due ms, then per id, in order: code, state}:
 -- @include "changes"
 -- @include "eta"
 -- @include "ops"
+-- @include "shaping"
 
 local now = now_ms(ARGV[1])
 local prefix, bucket_ms = ARGV[2], tonumber(ARGV[4])
@@ -56,7 +57,7 @@ for i = 8, #ARGV do
       'delay', 'released', 'finished', 'reason', 'att', 'started', 'wk')
     redis.call('HSET', jk, 'st', 'SCHEDULED', 'due', due, 'retries', 0, 'requeued_at', now)
     redis.call('HINCRBY', jk, 'requeued', 1)
-    due_add(KEYS[1], KEYS[2], id, due, bucket_ms)
+    due_add_job(KEYS[1], KEYS[2], jk, id, due, bucket_ms)
     local task, q = unpack(redis.call('HMGET', jk, 'task', 'q'))
     ix_add(base, task, q, id, due)
     requeued[#requeued + 1] = id

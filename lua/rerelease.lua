@@ -51,6 +51,7 @@ meanwhile: dropped from the released set).
 -- @include "changes"
 -- @include "destination"
 -- @include "ops"
+-- @include "shaping"
 -- @include "eta"
 -- @include "compact"
 
@@ -131,7 +132,7 @@ for i = 13, #ARGV do
     redis.call('HDEL', jk, 'released')
     redis.call('PERSIST', jk)
     redis.call('ZREM', KEYS[1], id)
-    due_add(KEYS[2], KEYS[3], id, now, bucket_ms)
+    due_add_job(KEYS[2], KEYS[3], jk, id, now, bucket_ms)
     local task, q = unpack(redis.call('HMGET', jk, 'task', 'q'))
     ix_add(shard_base(KEYS[2]), task, q, id, now)  -- pending again: in the index, out of the queued gauge
     back[#back + 1] = id

@@ -28,6 +28,7 @@ the due set (released, or held again, when due).
 -- @include "changes"
 -- @include "eta"
 -- @include "ops"
+-- @include "shaping"
 -- @include "compact"
 
 local jk, id = KEYS[4], ARGV[2]
@@ -37,7 +38,7 @@ if st ~= 'SCHEDULED' then return {WRONG_STATE, st, 0} end
 local bucket_ms = tonumber(ARGV[4])
 local new_due = due_from(ARGV[3], now_ms(ARGV[1]))
 due_rem(KEYS[1], KEYS[2], id, tonumber(due), bucket_ms)
-due_add(KEYS[1], KEYS[2], id, new_due, bucket_ms)
+due_add_job(KEYS[1], KEYS[2], jk, id, new_due, bucket_ms)
 redis.call('HSET', jk, 'due', new_due)
 local base = shard_base(jk)
 local msg = redis.call('HGET', jk, 'msg')
@@ -51,6 +52,7 @@ end
 task, q = route_of(base, task, q, tp)
 ix_add(base, task, q, id, new_due)
 redis.call('ZREM', base .. 'held', id)
+limit_unpark(base, jk, id)
 maybe_wake(KEYS[3], ARGV[5], ARGV[6], new_due)
 log_change(KEYS[5], ARGV[7], 'SCHEDULED', {id})
 return {OK, st, new_due}

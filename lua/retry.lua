@@ -41,6 +41,7 @@ and the gauges of the state it leaves (includes/ops.lua).
 -- @include "attempts"
 -- @include "changes"
 -- @include "ops"
+-- @include "shaping"
 
 local jk, id = KEYS[5], ARGV[2]
 local st, old_due = unpack(redis.call('HMGET', jk, 'st', 'due'))
@@ -61,7 +62,7 @@ redis.call('HDEL', jk, 'released')
 redis.call('PERSIST', jk)  -- a released record was set to expire
 redis.call('ZREM', KEYS[4], id)  -- a CLAIMED job: its late ack must not touch it
 released_rem(KEYS[6], id)
-due_add(KEYS[1], KEYS[2], id, due, bucket_ms)
+due_add_job(KEYS[1], KEYS[2], jk, id, due, bucket_ms)
 local base = shard_base(jk)
 local task, q = unpack(redis.call('HMGET', jk, 'task', 'q'))
 ix_add(base, task, q, id, due)

@@ -31,7 +31,8 @@ A job whose id is taken is not written, except that a job with a `gen` field
 of the generation before it: a cancel frees the key, and the worker side
 refuses the old generation's messages (start.lua compares `gen`).
 Each stored job is also indexed by task and queue, and counted (`scheduled`)
-in the shard's stats (includes/ops.lua).
+in the shard's stats (includes/ops.lua); a job with a tenant (`tn`) enters
+its tenant's lane (includes/shaping.lua).
 Returns one entry per job, in order: '=<due ms>' when stored;
 '<state>|<due>|<gen>' of the record already held under that id; or {'!tpl'}
 when KEYS[4] is given, does not exist and no '~tpl' came with the call
@@ -45,12 +46,14 @@ keep_template in includes/common.lua).
 -- @include "common"
 -- @include "due_index"
 -- @include "ops"
+-- @include "shaping"
 
 local call = redis.call
 local NONE = {false}
 local now = now_ms(ARGV[1])
 local prefix, bucket_ms = ARGV[2], tonumber(ARGV[3])
 local channel = ARGV[4]
+local sbase = shard_base(KEYS[1])
 local shard, moved = placed(ARGV[5], KEYS[1])
 if moved then return {'!moved'} end
 local rec = {'st', 'SCHEDULED', 'due', 0, 'created', now}
@@ -60,7 +63,7 @@ local function field_value(name, v)
   if name == 'exp' and string.byte(v, 1) == 43 then return now + tonumber(string.sub(v, 2)) end
   return v
 end
-local task0, q0, tpl, keep = nil, nil, nil, 0  -- the pending index: shared fields or hints; a template
+local task0, q0, tn0, tpl, keep = nil, nil, nil, nil, 0  -- the pending index: shared fields or hints; a template
 for j = 7, at - 1, 2 do
   local name, v = ARGV[j], ARGV[j + 1]
   if string.byte(name, 1) == 126 then  -- '~': a hint, not a field
@@ -68,7 +71,7 @@ for j = 7, at - 1, 2 do
     elseif name == '~tpl' then tpl = v elseif name == '~keep' then keep = tonumber(v) end
   else
     rec[#rec + 1] = name; rec[#rec + 1] = field_value(name, v)
-    if name == 'task' then task0 = v elseif name == 'q' then q0 = v end
+    if name == 'task' then task0 = v elseif name == 'q' then q0 = v elseif name == 'tn' then tn0 = v end
   end
 end
 if KEYS[4] then
@@ -76,11 +79,12 @@ if KEYS[4] then
 end
 local base, nf = #rec, tonumber(ARGV[at])
 local names, gen_at, exp_at = {}, nil, nil
-local task_at, q_at = nil, nil
+local task_at, q_at, tn_at = nil, nil, nil
 for f = 1, nf do
   names[f] = ARGV[at + f]
   if names[f] == 'gen' then gen_at = f elseif names[f] == 'exp' then exp_at = f
-  elseif names[f] == 'task' then task_at = f elseif names[f] == 'q' then q_at = f end
+  elseif names[f] == 'task' then task_at = f elseif names[f] == 'q' then q_at = f
+  elseif names[f] == 'tn' then tn_at = f end
 end
 local ix, stored = {}, 0
 
@@ -117,6 +121,7 @@ while i <= n do
     if (not earliest_new) or due < earliest_new then earliest_new = due end
     if (not latest) or due > latest then latest = due end
     ix_push(ix, task_at and ARGV[i + 1 + task_at] or task0, q_at and ARGV[i + 1 + q_at] or q0, due, id)
+    if tn_at or tn0 then tenant_add(sbase, tn_at and ARGV[i + 1 + tn_at] or tn0, id, due) end
     stored = stored + 1
     out[#out + 1] = '=' .. due
   end

@@ -40,6 +40,7 @@ when KEYS[5] is given, does not exist and no '~tpl' came (nothing written).
 -- @include "due_index"
 -- @include "eta"
 -- @include "ops"
+-- @include "shaping"
 -- @include "compact"
 
 local call = redis.call
@@ -87,6 +88,7 @@ local jk = prefix .. id
 if old then  -- out of the indexes it is in; the record is written anew
   due_rem(KEYS[1], KEYS[2], id, old[2], bucket_ms)
   call('ZREM', base .. 'held', id)
+  limit_unpark(base, jk, id)
   local task, q = route_of(base, old[3], old[4], old[5])
   ix_rem(base, task, q, id)
   call('DEL', jk)
@@ -100,7 +102,7 @@ for name, v in pairs(fields) do
 end
 if fields.tp then rec[#rec + 1] = 'e'; rec[#rec + 1] = '"' .. iso_utc(due) .. '"' end
 call('HSET', jk, unpack(rec))
-due_add(KEYS[1], KEYS[2], id, due, bucket_ms)
+due_add_job(KEYS[1], KEYS[2], jk, id, due, bucket_ms)
 local task, q = route_of(base, fields.task, fields.q, fields.tp)
 ix_add(base, task, q, id, due)
 if KEYS[5] then keep_template(KEYS[5], due - now + ttl) end

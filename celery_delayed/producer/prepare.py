@@ -142,6 +142,7 @@ def prepare(
     eta: str | None = FROM_WHEN,
     properties: Mapping[str, Any] | None = None,
     spread_ms: int = 0,
+    tenant: str | None = None,
 ) -> Prepared:
     """Validate a call and build its job for ``store``; write nothing.
 
@@ -152,6 +153,7 @@ def prepare(
     ``properties``: more message properties (interception: the options Celery
     would hand to kombu's ``publish``). ``spread_ms``: a window after ``when``
     in which the job is placed at an offset its id decides (:mod:`.spread`).
+    ``tenant``: the job's tenant (see :func:`check_tenant`), kept in its record.
 
     Raises:
         InvalidWhen, InvalidOption, SerializationError, PayloadTooLarge: bad input.
@@ -161,7 +163,8 @@ def prepare(
         def regenerate(generation: int) -> Prepared:
             return prepare(app, store, name, args, kwargs, when, task_id=task_id, shard_key=shard_key,
                            idempotency_key=idempotency_key, task_type=task_type, options=options,
-                           generation=generation, eta=eta, properties=properties, spread_ms=spread_ms)
+                           generation=generation, eta=eta, properties=properties, spread_ms=spread_ms,
+                           tenant=tenant)
     options = dict(options or {})
     release = release_fields(options, task_type, store.config)  # pops max_lateness / misfire
     check_options(options)
@@ -184,7 +187,7 @@ def prepare(
     if not _OWN_HEADERS.isdisjoint(headers):  # e.g. a retry's copy of the request's headers
         headers = {k: v for k, v in headers.items() if k not in _OWN_HEADERS}
     per_job = {Field.SHARD_KEY: skey or "", Field.IDEMPOTENCY_KEY: idempotency_key or "",
-               Field.SPREAD: str(offset) if spread_ms else ""}
+               Field.SPREAD: str(offset) if spread_ms else "", Field.TENANT: check_tenant(tenant)}
     if generation:
         headers = {**headers, GENERATION_HEADER: generation}
         per_job[Field.GENERATION] = str(generation)
@@ -202,6 +205,24 @@ def prepare(
     )
     fields = {Field.TASK: name, **built.record_fields(store.broker), **per_job, **release}
     return Prepared(NewJob(job_id, shard, due, fields), regenerate is not None, regenerate)
+
+
+#: The longest tenant name (it is part of a key per shard).
+MAX_TENANT_LEN = 200
+
+
+def check_tenant(tenant: object) -> str:
+    """A call's ``tenant`` checked ('' for none).
+
+    Raises:
+        InvalidOption: not a non-empty string of at most 200 characters, or ``*``.
+    """
+    if tenant is None:
+        return ""
+    if not isinstance(tenant, str) or not tenant or len(tenant) > MAX_TENANT_LEN or tenant == "*":
+        raise InvalidOption(f"tenant must be a non-empty string of at most {MAX_TENANT_LEN} characters other than "
+                            f"'*' (which means every tenant in a rate limit's key), got {tenant!r:.80}")
+    return tenant
 
 
 def _render_fast(

@@ -24,6 +24,7 @@ attribute           what                                   who calls it
 ``schedules``       :class:`~.schedules.ScheduleRecords`   recurring schedules
 ``changes``         :class:`~.changes.ChangeLog`           the database mirror
 ``moves``           :class:`~.moves.Moves`                 ``delayed reshard``, a producer meeting one
+``shaping``         :class:`~.shaping.Shaping`             operators: rate limits at run time, tenants
 ==================  =====================================  ==========================================
 
 Reads that list many jobs live in :mod:`.views`; the record schema is in
@@ -52,6 +53,7 @@ from .moves import Moves
 from .release import Releases
 from .runner import Runner
 from .schedules import ScheduleRecords
+from .shaping import Shaping
 
 
 @translate_errors
@@ -97,6 +99,8 @@ class Store:
         self.schedules = ScheduleRecords(self.redis, self.layout)
         #: The change log a database mirror reads.
         self.changes = ChangeLog(self.redis, self.layout)
+        #: Release shaping: rate limits set at run time, what they hold back, tenants.
+        self.shaping = Shaping(self.redis, self.layout)
 
     def drop_everything(self) -> int:
         """Delete every key under this store's prefix; return how many (the testing kit's clean-up).

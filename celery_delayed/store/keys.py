@@ -31,6 +31,13 @@ so a script that touches one shard touches one slot::
     {prefix}:{<s>}:paused              HASH   pause flags ("all", "task:<name>", "queue:<name>")
                                               -> since (epoch ms)
     {prefix}:{<s>}:held                ZSET   due jobs a pause holds back: id -> due
+    {prefix}:{<s>}:limits              HASH   rate limits set at run time: key -> jobs per second
+                                              (0: the app's limit lifted); the same on every shard
+    {prefix}:{<s>}:tokens              HASH   the shard's token bucket per limit: key -> "<tokens>:<at ms>"
+    {prefix}:{<s>}:lim:<key>           ZSET   due jobs waiting for a token of that limit: id -> due
+    {prefix}:{<s>}:lims                SET    the limit keys whose wait set is not empty
+    {prefix}:{<s>}:tq:<tenant>         ZSET   a tenant's jobs in the due index: id -> due
+    {prefix}:{<s>}:tns                 ZSET   tenants with jobs in the due index -> earliest due
     {prefix}:{<s>}:debounce:<key>      HASH   id, first: the job of a debounce key and when the
                                               key's first call came (``schedule_keyed.lua``)
     {prefix}:{<s>}:throttle:<key>      HASH   id, first: the job of a throttle key; expires
@@ -194,6 +201,33 @@ class ShardKeys:
     @property
     def held(self) -> str:
         return f"{self.base}:held"
+
+    @property
+    def limits(self) -> str:
+        """Rate limits set at run time (``lua/includes/shaping.lua``)."""
+        return f"{self.base}:limits"
+
+    @property
+    def tokens(self) -> str:
+        return f"{self.base}:tokens"
+
+    @property
+    def limit_waits(self) -> str:
+        """The limit keys that hold jobs back on this shard."""
+        return f"{self.base}:lims"
+
+    def limit_wait(self, key: str) -> str:
+        """Due jobs waiting for a token of limit ``key``."""
+        return f"{self.base}:lim:{key}"
+
+    @property
+    def tenants(self) -> str:
+        """Tenants with jobs in the due index -> their earliest due."""
+        return f"{self.base}:tns"
+
+    def tenant_lane(self, tenant: str) -> str:
+        """A tenant's jobs in the due index."""
+        return f"{self.base}:tq:{tenant}"
 
     @property
     def index_parts(self) -> str:

@@ -54,6 +54,9 @@ dk         '1': the job of a debounce key; released when it is due, never
            ``delayed_lookahead_ms`` early, so a later call can still replace it
 spr        the offset, ms, its spread window placed it at after the due time it
            was asked for (``spread=``; ``producer/spread.py``): due includes it
+tn         its tenant (``tenant=``): the release takes due jobs round-robin across
+           tenants, and ``tenant:`` rate limits apply to it
+lw         the rate limit key it waits under (due, no token left; while it does)
 =========  ==============================================================
 
 Worker-side states: QUEUED or CLAIMED -> RUNNING (start.lua takes the
@@ -83,6 +86,7 @@ from .compact import Template, fast_uuid4, render
 NEW_JOB_FIELDS = (Field.TASK, Field.QUEUE, Field.EXCHANGE, Field.ROUTING_KEY, Field.MESSAGE, Field.LIST_KEY,
                   Field.BINDINGS, Field.PRIORITY_SUFFIX, Field.SENT_EVENT, Field.SHARD_KEY, Field.IDEMPOTENCY_KEY,
                   Field.EXPIRES, Field.MAX_LATENESS, Field.MISFIRE, Field.GENERATION, Field.OUTBOX, Field.SPREAD,
+                  Field.TENANT,
                   *COMPACT_FIELDS)
 
 

@@ -53,7 +53,7 @@ class Releases(Facet):
                                              shard_keys.dlq, shard_keys.released, shard_keys.changes],
             [self.redis.now_arg(now_ms), shard_keys.job_prefix, limit or cfg.batch_size, cfg.bucket_ms, owner, fence,
              cfg.record_ttl_ms, broker.global_keyprefix, broker.deadletter_queue, cfg.dlq_max_age_s * 1000,
-             cfg.dlq_max_len_per_shard, self.redis.logs_changes, lookahead_ms],
+             cfg.dlq_max_len_per_shard, self.redis.logs_changes, lookahead_ms, *self._limits()],
         )
         batch = self._batch(reply, shard)
         end = 6 + 2 * batch.count
@@ -82,7 +82,7 @@ class Releases(Facet):
                                            shard_keys.inflight, shard_keys.dlq, shard_keys.changes],
             [self.redis.now_arg(now_ms), shard_keys.job_prefix, limit or cfg.batch_size, cfg.bucket_ms, owner, fence,
              cfg.claim_lease_ms, cfg.record_ttl_ms, cfg.dlq_max_age_s * 1000, cfg.dlq_max_len_per_shard,
-             self.redis.logs_changes, lookahead_ms],
+             self.redis.logs_changes, lookahead_ms, *self._limits()],
         )
         batch = self._batch(reply, shard)
         end = 6 + 6 * batch.count
@@ -93,6 +93,12 @@ class Releases(Facet):
             batch.events.append(json.loads(ev) if ev else None)
         batch.not_sent = _triples(reply, end)
         return batch
+
+    def _limits(self) -> list[Any]:
+        """The release scripts' rate-limit arguments: the shard count, then the app's limits
+        (n, then key, jobs per second each); the ones set at run time the scripts read themselves."""
+        limits = self.config.rate_limits
+        return [self.layout.shards, len(limits), *(x for k, v in limits.items() for x in (k, repr(v)))]
 
     @staticmethod
     def _batch(reply: Sequence[Any], shard: int) -> Batch:

@@ -164,7 +164,8 @@ class DelayedTask(Task):  # type: ignore[misc]
         return None
 
     def apply_later_many(self, calls: Iterable[Mapping[str, Any]], *,
-                         spread: float | timedelta | None = None) -> list[DelayedResult]:
+                         spread: float | timedelta | None = None,
+                         tenant: str | None = None) -> list[DelayedResult]:
         """Schedule many calls of this task in few round trips.
 
         Each item is a mapping of ``apply_later`` keyword arguments::
@@ -172,9 +173,10 @@ class DelayedTask(Task):  # type: ignore[misc]
             remind.apply_later_many({"args": (uid,), "when": 60} for uid in users)
 
         ``spread``: a window after each call's ``when`` in which its job is
-        placed (see :func:`celery_delayed.apply_later`).
+        placed; ``tenant``: every call's tenant (a call's own wins; see
+        :func:`celery_delayed.apply_later`).
         """
-        return api.apply_later_many(self._get_app(), self.name, calls, spread=spread)
+        return api.apply_later_many(self._get_app(), self.name, calls, spread=spread, tenant=tenant)
 
     # -- worker side -------------------------------------------------------------
 
