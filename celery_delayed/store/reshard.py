@@ -148,16 +148,17 @@ class Resharder(JobMover):
         return old
 
     def _copy_pauses(self, old: int, new: int) -> None:
-        """Pause flags in force hold the new shards too."""
+        """Pause flags and rate limits set at run time hold the new shards too."""
         if new <= old:
             return
-        flags: dict[Any, Any] = dict(self.client.hgetall(self.keys.shard(0).paused))
-        if not flags:
-            return
-        pipe = self.client.pipeline(transaction=False)
-        for s in range(old, new):
-            pipe.hset(self.keys.shard(s).paused, mapping=flags)
-        pipe.execute()
+        for name in ("paused", "limits"):
+            flags: dict[Any, Any] = dict(self.client.hgetall(getattr(self.keys.shard(0), name)))
+            if not flags:
+                continue
+            pipe = self.client.pipeline(transaction=False)
+            for s in range(old, new):
+                pipe.hset(getattr(self.keys.shard(s), name), mapping=flags)
+            pipe.execute()
 
     def _tell(self) -> None:
         """Tell the schedulers to read the layout now."""
@@ -204,7 +205,8 @@ class Resharder(JobMover):
                         continue
                 pipe.execute()
                 pipe = self.client.pipeline(transaction=False)
-                for key in (src.stats, src.next, src.paused, src.held, src.schedules, src.index_parts):
+                for key in (src.stats, src.next, src.paused, src.held, src.schedules, src.index_parts, src.limits,
+                            src.tokens, src.limit_waits, src.tenants):
                     pipe.delete(key)
                 pipe.execute()
         self.client.hdel(self.keys.layout, "from")

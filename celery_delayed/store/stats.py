@@ -92,6 +92,13 @@ class Snapshot:
     per_shard: list[dict[str, Any]] = field(default_factory=list)
     #: the shard count a reshard in progress moves jobs from (None: none in progress)
     moving_from: int | None = None
+    #: due jobs waiting for a token, by rate limit key (counted in ``pending`` too)
+    limited_by: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def limited(self) -> int:
+        """Due jobs a rate limit holds back, over every limit."""
+        return sum(self.limited_by.values())
 
     @property
     def unowned_shards(self) -> list[int]:
@@ -199,18 +206,19 @@ class FleetStats:
                                overdue=sum(int(x) for x in chunk[1::3]), next_due_ms=min(firsts) if firsts else None)
         for k in counters:
             counters[k] = totals.get(k, 0)
+        limited_by = store.shaping.waiting()
         nexts = [r["next_due_ms"] for r in rows if r["next_due_ms"] is not None]
         oldest = min(nexts) if nexts else None
         return Snapshot(
             now_ms=now, shards=n, moving_from=store.layout.moving_from, counters=counters,
             queued=max(0, totals.get("queued", 0)), running=max(0, totals.get("running", 0)),
             release_lateness=_hist(totals, "rl"), start_lateness=_hist(totals, "sl"),
-            pending=sum(r["pending"] for r in rows), pending_by=pending_by,
+            pending=sum(r["pending"] for r in rows) + sum(limited_by.values()), pending_by=pending_by,
             overdue=sum(r["overdue"] for r in rows),
             oldest_overdue_ms=(now - oldest) if oldest is not None and oldest <= now else 0,
             held=sum(r["held"] for r in rows), claimed=sum(r["claimed"] for r in rows),
             dead_letters=sum(r["dead_letters"] for r in rows), schedulers=live, owners=owners, paused=paused,
-            next_due_ms=oldest, per_shard=rows,
+            next_due_ms=oldest, per_shard=rows, limited_by=limited_by,
         )
 
     def coming_due(self, start_ms: int, step_ms: int, steps: int) -> list[int]:

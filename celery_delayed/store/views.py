@@ -25,10 +25,13 @@ from .records import arguments_of
 
 
 def _due_keys(store: Store, shard: int) -> list[str]:
+    """The sorted sets of a shard's scheduled jobs not held by a pause: its due index, and the jobs
+    waiting for a rate limit's token (``store/shaping.py``)."""
     shard_keys = store.keys.shard(shard)
+    waiting = [shard_keys.limit_wait(str(k)) for k in store.redis.client.smembers(shard_keys.limit_waits)]
     if store.config.bucket_ms <= 0:
-        return [shard_keys.due]
-    return [str(k) for k in store.redis.client.zrange(shard_keys.buckets, 0, -1)]
+        return [shard_keys.due, *waiting]
+    return [str(k) for k in store.redis.client.zrange(shard_keys.buckets, 0, -1)] + waiting
 
 
 @translate_errors
