@@ -97,13 +97,15 @@ class ReplicationTimeout(DelayedError):
 
     The write was made on the master and answered there; only its copy on
     the replicas is not confirmed, so a failover now could lose it.
-    ``acked`` replicas had it, ``wanted`` were asked for.
+    ``acked`` replicas had it, ``wanted`` were asked for; ``results``: the
+    replies of the calls the master made (set by the store's runner).
     """
 
     def __init__(self, message: str, acked: int = 0, wanted: int = 0) -> None:
         super().__init__(message)
         self.acked = acked
         self.wanted = wanted
+        self.results: list[Any] | None = None
 
 
 def raise_for(code: int, job_id: str, state: str, operation: str) -> None:

@@ -9,11 +9,12 @@ the lease back.
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..errors import JobNotFound
+from ..errors import JobNotFound, ReplicationTimeout
 from ..vocab import Field, Reply
 from .facet import Facet
 from .layout import ShardLayout
@@ -21,6 +22,8 @@ from .loader import Arg, Script
 from .lookup import Lookup
 from .records import Outcome, Started
 from .runner import Runner
+
+logger = logging.getLogger("celery_delayed.worker")
 
 
 def _flatten(fields: Mapping[str, str]) -> list[str]:
@@ -38,6 +41,24 @@ class Executions(Facet):
         super().__init__(redis, layout)
         self.lookup = lookup
 
+    def _write(self, script: Script, keys: Sequence[str], args: Sequence[Arg], what: str) -> Any:
+        """One execution-record write; with ``delayed_wait_replicas``, followed by ``WAIT``.
+
+        A run's records must survive a failover as the schedule did: a start
+        or finish the promoted replica never received would let the job run
+        again. When the replicas do not acknowledge in time, the write stands
+        on the master (the attempt goes on) and a warning says so.
+        """
+        if not self.config.wait_replicas:
+            return self.redis.run(script, keys, args)
+        try:
+            return self.redis.run_many(script, [(keys, args)], wait=what)[0]
+        except ReplicationTimeout as exc:
+            if exc.results is None:
+                raise
+            logger.warning("%s", exc)
+            return exc.results[0]
+
     def start(
         self, job_id: str, shard: int, owner: str, hostname: str = "", now_ms: int | None = None,
         generation: int = 0,
@@ -47,11 +68,14 @@ class Executions(Facet):
         ``generation`` is the delivered message's (its ``delayed_gen`` header).
         """
         shard_keys = self.keys.shard(shard)
-        code, state, attempt, until, why = self.redis.lane().call(
-            self.redis.scripts.start, [shard_keys.job(job_id), shard_keys.released, shard_keys.changes],
-            [self.redis.now_arg(now_ms), owner, self.config.exec_lease_ms, hostname, generation or "", job_id,
-             self.redis.logs_changes],
-        )
+        keys = [shard_keys.job(job_id), shard_keys.released, shard_keys.changes]
+        args: list[Arg] = [self.redis.now_arg(now_ms), owner, self.config.exec_lease_ms, hostname, generation or "",
+                           job_id, self.redis.logs_changes]
+        if self.config.wait_replicas:
+            reply = self._write(self.redis.scripts.start, keys, args, f"recording the start of job {job_id}")
+        else:
+            reply = self.redis.lane().call(self.redis.scripts.start, keys, args)
+        code, state, attempt, until, why = reply
         if int(code) == Reply.NOT_FOUND:
             moved = self._moved_record(job_id, shard)
             if moved is not None:  # an old message of a job a reshard moved: not this delivery's to run
@@ -99,7 +123,8 @@ class Executions(Facet):
         The outcome's code is OK, NOT_FOUND (no record) or NOT_OWNER (the
         lease is not this owner's any more; state = the job's state).
         """
-        code, state = self.redis.run(*self._finish(job_id, shard, owner, outcome, reason, now_ms))
+        code, state = self._write(*self._finish(job_id, shard, owner, outcome, reason, now_ms),
+                                  f"recording the end of job {job_id}")
         return Outcome(Reply(int(code)), str(state))
 
     def finish_later(
@@ -108,7 +133,19 @@ class Executions(Facet):
     ) -> None:
         """:meth:`finish` without waiting for the reply: the script is sent at once (Redis runs it
         as it reads it), its reply is read with this thread's next store call and passed
-        to ``on_outcome`` (an :class:`Outcome`, or the exception the call raised)."""
+        to ``on_outcome`` (an :class:`Outcome`, or the exception the call raised).
+
+        With ``delayed_wait_replicas`` it is :meth:`finish` (written, then
+        ``WAIT``), before this returns: the record must reach the replicas."""
+        if self.config.wait_replicas:
+            try:
+                result: Outcome | Exception = self.finish(job_id, shard, owner, outcome, reason)
+            except Exception as exc:  # the caller logs what could not be recorded
+                result = exc
+            if on_outcome is not None:
+                on_outcome(result)
+            return
+
         def reply(raw: Any) -> None:
             if on_outcome is None:
                 return
@@ -145,12 +182,13 @@ class Executions(Facet):
         (cancelled or finished) or NOT_OWNER (running under another lease).
         """
         shard_keys = self.keys.shard(shard)
-        code, state, due_ms = self.redis.run(
+        code, state, due_ms = self._write(
             self.redis.scripts.retry,
             [shard_keys.due, shard_keys.buckets, shard_keys.next, shard_keys.inflight, shard_keys.job(job_id),
              shard_keys.released, shard_keys.changes],
             [self.redis.now_arg(now_ms), job_id, due, self.config.bucket_ms, self.keys.wake, shard, retries,
              self.redis.now_arg(started_ms), owner, self.redis.logs_changes, *_flatten(fields)],
+            f"scheduling the next attempt of job {job_id}",
         )
         return Outcome(Reply(int(code)), str(state), due_ms=int(due_ms))
 
@@ -160,11 +198,12 @@ class Executions(Facet):
     ) -> Outcome:
         """Mark the job FAILED (``fail.lua``); its record expires after the record ttl."""
         shard_keys = self.keys.shard(shard)
-        code, state = self.redis.run(
+        code, state = self._write(
             self.redis.scripts.fail, [shard_keys.inflight, shard_keys.job(job_id), shard_keys.released,
                                       shard_keys.changes],
             [self.redis.now_arg(now_ms), job_id, self.config.record_ttl_ms, self.redis.now_arg(started_ms), owner,
              self.redis.logs_changes, *_flatten(fields)],
+            f"recording the failure of job {job_id}",
         )
         return Outcome(Reply(int(code)), str(state))
 
@@ -175,11 +214,12 @@ class Executions(Facet):
         """Move the job to the dead-letter queue (``dead.lua``), trimmed by age and count."""
         cfg = self.config
         shard_keys = self.keys.shard(shard)
-        code, state, dropped = self.redis.run(
+        code, state, dropped = self._write(
             self.redis.scripts.dead, [shard_keys.job(job_id), shard_keys.dlq, shard_keys.inflight,
                                       shard_keys.released, shard_keys.changes],
             [self.redis.now_arg(now_ms), job_id, shard_keys.job_prefix, cfg.dlq_max_age_s * 1000,
              cfg.dlq_max_len_per_shard,
              self.redis.now_arg(started_ms), owner, self.redis.logs_changes, *_flatten(fields)],
+            f"dead-lettering job {job_id}",
         )
         return Outcome(Reply(int(code)), str(state), dropped=int(dropped))

@@ -279,7 +279,7 @@ class Runner:
                 waits.append(waited)
             if not retry:
                 for waited in waits:
-                    self._check_replicas(waited, wait)
+                    self._check_replicas(waited, wait, results)
                 return results
             if missing:
                 if loads == 2:
@@ -391,7 +391,7 @@ class Runner:
                         elif not isinstance(reply, NoScriptError):
                             wrote |= _record(results, i, reply, retry)
                     if wrote:
-                        self._check_replicas(waited, what)
+                        self._check_replicas(waited, what, results)
                     if not missing:
                         break
                     if attempt == 2:
@@ -415,17 +415,20 @@ class Runner:
                 cluster.nodes_manager.initialize()
             todo = retry
 
-    def _check_replicas(self, acked: Any, what: str) -> None:
+    def _check_replicas(self, acked: Any, what: str, results: list[Any] | None = None) -> None:
+        """Raise :class:`ReplicationTimeout` (carrying the calls' ``results``) when too few replicas acked."""
         if isinstance(acked, Exception):
             raise acked
         wanted, timeout = self.config.wait_replicas, self.config.wait_replicas_timeout_ms
         if int(acked) < wanted:
-            raise ReplicationTimeout(
+            exc = ReplicationTimeout(
                 f"{what}: done on the master, but only {acked} of the {wanted} replicas of delayed_wait_replicas "
                 f"acknowledged it within {timeout} ms, so a failover now could lose it. Check the replicas "
                 "(INFO replication: connected_slaves, lag), raise delayed_wait_replicas_timeout_ms, or lower "
                 "delayed_wait_replicas; calling again with the same task_id is safe (the job is not doubled)",
                 int(acked), wanted)
+            exc.results = results
+            raise exc
 
     def close(self) -> None:
         """Close the client's connections (the store can be used again: they reopen)."""

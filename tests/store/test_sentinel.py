@@ -8,6 +8,7 @@ acknowledged writes wait for the replica, and say so when it does not answer.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import threading
@@ -160,7 +161,9 @@ def test_a_batch_longer_than_the_read_timeout_is_waited_for_and_on_the_replica(g
     # whole batch ran and the replica has it, later than the client's socket_timeout. It is read on a
     # connection of the master the Sentinels name, whose timeout grows with the batch.
     n, limit = 30_000, 0.1
+    # (a generous WAIT bound: on a loaded machine the replica takes its time over 30,000 jobs)
     app = make_app(redis_url, uid, delayed_redis_url=group.url, delayed_wait_replicas=1,
+                   delayed_wait_replicas_timeout_ms=15_000,
                    delayed_redis_options={"master_name": group.master_name, "socket_timeout": limit})
     store = get_store(app)
     master = group.server_client(group.master.port)
@@ -419,3 +422,44 @@ def _schedules(app: Any) -> bool:
     except StoreUnavailable:
         return False
     return True
+
+
+@pytest.mark.timeout(60)
+def test_a_runs_execution_records_reach_a_replica_before_the_worker_goes_on(group, redis_url, uid):
+    # With delayed_wait_replicas the worker's records (start, end) are written then WAITed for, as a
+    # producer's are: a failover right after cannot lose them, so the job cannot run a second time.
+    app = sentinel_app(group, redis_url, uid, delayed_wait_replicas=1, delayed_wait_replicas_timeout_ms=5000)
+    store = get_store(app)
+    replica = redis.Redis(port=group.replicas[0].port, decode_responses=True)
+    try:
+        h = apply_later(app, "e2e.mark", when=0, strict=False)
+        batch = store.release.release_due(h.shard)
+        assert batch.ids == [h.id]
+        key = store.keys.shard(h.shard).job(h.id)
+        started = store.executions.start(h.id, h.shard, "w1")
+        assert started.code == Reply.OK
+        assert replica.hget(key, "st") == "RUNNING"  # no polling: WAIT returned
+        done = store.executions.finish(h.id, h.shard, "w1", "SUCCEEDED")
+        assert done.code == Reply.OK
+        assert replica.hget(key, "st") == "SUCCEEDED"
+    finally:
+        replica.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_record_the_replicas_do_not_acknowledge_in_time_stands_and_is_warned_about(group, redis_url, uid, caplog):
+    app = sentinel_app(group, redis_url, uid, delayed_wait_replicas=1)
+    store = get_store(app)
+    h = apply_later(app, "e2e.mark", when=0, strict=False)
+    store.release.release_due(h.shard)
+    # the same store asking for more replicas than the group has (as when they lag past the bound)
+    lagging = Store(app, dataclasses.replace(store.config, wait_replicas=3, wait_replicas_timeout_ms=100))
+    with caplog.at_level("WARNING", logger="celery_delayed.worker"):
+        started = lagging.executions.start(h.id, h.shard, "w1")
+        outcome: list[Any] = []
+        lagging.executions.finish_later(h.id, h.shard, "w1", "SUCCEEDED", on_outcome=outcome.append)
+    assert started.code == Reply.OK  # the attempt goes on: the write stands on the master
+    assert [o.code for o in outcome] == [Reply.OK]  # finished before finish_later returned
+    warned = [r.getMessage() for r in caplog.records if "replicas of delayed_wait_replicas" in r.getMessage()]
+    assert len(warned) == 2 and "start of job" in warned[0] and "end of job" in warned[1]
+    lagging.redis.close()
