@@ -72,8 +72,8 @@ def drain(store: Store, start: int, *, claim: bool = False, limit: int = 500, lo
 @pytest.mark.parametrize("claim", [False, True], ids=["direct", "publish"])
 def test_a_limit_releases_its_jobs_at_its_rate_in_due_order(tapp: Celery, claim: bool):
     store = get_store(tapp)
-    t0 = now_ms()
     results = [apply_later(tapp, "shape.sms", (i,), when=ago((100 - i) / 1000)) for i in range(50)]
+    t0 = now_ms()
     released = drain(store, t0 + 1000, claim=claim)
     assert [i for _, i in released] == [r.id for r in results], "due order"
     span = released[-1][0] - released[0][0]
@@ -85,8 +85,8 @@ def test_a_limit_releases_its_jobs_at_its_rate_in_due_order(tapp: Celery, claim:
 
 def test_a_held_back_job_stays_pending_and_counts_as_waiting(tapp: Celery):
     store = get_store(tapp)
-    t0 = now_ms()
     results = [apply_later(tapp, "shape.sms", (i,), when=ago(1)) for i in range(20)]
+    t0 = now_ms()
     b = store.release.release_due(0, now_ms=t0)
     assert b.count == 2 and b.hold_ms is not None and t0 < b.hold_ms <= t0 + 100
     assert store.shaping.waiting() == {"shape.sms": 18}
@@ -105,9 +105,9 @@ def test_a_held_back_job_stays_pending_and_counts_as_waiting(tapp: Celery):
 
 def test_jobs_without_a_limit_are_not_queued_behind_limited_ones(tapp: Celery):
     store = get_store(tapp)
-    t0 = now_ms()
     limited = [apply_later(tapp, "shape.sms", (i,), when=ago(2)) for i in range(30)]
     free = [apply_later(tapp, "shape.mail", (i,), when=ago(1)) for i in range(5)]
+    t0 = now_ms()
     b = store.release.release_due(0, now_ms=t0)
     assert {r.id for r in free} <= set(b.ids)
     assert len(set(b.ids) & {r.id for r in limited}) == 2
@@ -115,9 +115,9 @@ def test_jobs_without_a_limit_are_not_queued_behind_limited_ones(tapp: Celery):
 
 def test_a_limit_changed_at_run_time_applies_on_the_next_release(tapp: Celery):
     store = get_store(tapp)
-    t0 = now_ms()
     for i in range(40):
         apply_later(tapp, "shape.sms", (i,), when=ago(1))
+    t0 = now_ms()
     assert store.release.release_due(0, now_ms=t0).count == 2
     store.shaping.set_limit("shape.sms", "1/s")
     assert [(r.key, r.per_second, r.source) for r in store.shaping.limits()] == [("shape.sms", 1.0, "runtime")]
@@ -157,9 +157,9 @@ def test_queue_and_tenant_limits(redis_url: str, uid: str):
         return None
 
     store = get_store(app)
-    t0 = now_ms()
     apply_later_many(app, "shape.t", [{"args": (i,), "when": ago(1)} for i in range(40)], tenant="small")
     apply_later_many(app, "shape.t", [{"args": (i,), "when": ago(1)} for i in range(40)], tenant="big")
+    t0 = now_ms()
     b = store.release.release_due(0, now_ms=t0)
     tenants = [rec(store, i)["tn"] for i in b.ids]
     assert tenants.count("small") == 1 and tenants.count("big") == 5
@@ -190,10 +190,10 @@ def test_a_small_tenant_is_not_queued_behind_a_big_tenants_flood(redis_url: str,
         return None
 
     store = get_store(app)
-    t0 = now_ms()
     apply_later_many(app, "shape.remind", [{"args": (i,), "when": ago(5)} for i in range(3000)], tenant="big")
     small = [apply_later(app, "shape.remind", (i,), when=ago(1), tenant="small") for i in range(10)]
     plain = [apply_later(app, "shape.remind", (i,), when=ago(0.5)) for i in range(3)]
+    t0 = now_ms()  # (after the calls: all of them due, however long they took)
     assert store.shaping.tenants() == {"big": 3000, "small": 10}
     if claim:
         b = store.release.claim_due(0, now_ms=t0, limit=100)
