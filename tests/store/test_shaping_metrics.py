@@ -76,3 +76,17 @@ def test_busiest_ranks_by_count_then_name_and_sums_the_rest():
     assert busiest(counts, 2) == ([("a", 3), ("b", 3)], 2, 3)
     assert busiest(counts, 10) == ([("a", 3), ("b", 3), ("d", 2), ("c", 1)], 0, 0)
     assert busiest({}, 5) == ([], 0, 0)
+
+
+def test_tenants_waiting_under_tenant_star_are_summed_in_its_series(redis_url: str, uid: str):
+    app = make_app(redis_url, uid, delayed_shards=1, delayed_rate_limits={"tenant:*": "1/m", "tenant:vip": "1/m"})
+    store = get_store(app)
+    for name in ("a", "b", "c", "vip"):
+        apply_later_many(app, "m.mail", [{"when": 0, "tenant": name} for _ in range(4)], strict=False)
+    store.release.release_due(0)
+    per_tenant = store.shaping.waiting()
+    assert {"tenant:a", "tenant:b", "tenant:c", "tenant:vip"} <= set(per_tenant)  # the CLI lists each
+    text = render(app)[0].decode()
+    assert series(text, "rate_limited_jobs") == {
+        "tenant:*": sum(per_tenant[f"tenant:{t}"] for t in "abc"), "tenant:vip": per_tenant["tenant:vip"]}
+    assert series(text, "rate_limit_per_second") == pytest.approx({"tenant:*": 1 / 60, "tenant:vip": 1 / 60})
