@@ -1,4 +1,4 @@
-"""The controls operators reach for: pause and resume release, run jobs now, cancel in bulk.
+"""The controls operators reach for: pause and resume release, run jobs now, cancel in bulk, rate limits.
 
 Each works on every shard, one script call per shard (and per batch), so it
 runs unchanged on Redis Cluster; bulk operations read the pending index
@@ -15,9 +15,11 @@ from celery import Celery
 from .announce import shared
 from .errors import InvalidOption
 from .store import get_store
+from .store.shaping import Limit
 from .timeutil import due_spec
 
-__all__ = ["cancel_matching", "pause", "pause_flags", "paused", "promote", "promote_matching", "resume"]
+__all__ = ["cancel_matching", "limits", "pause", "pause_flags", "paused", "promote", "promote_matching", "resume",
+           "set_limit", "tenants"]
 
 
 def pause_flags(queue: str | None = None, task: str | None = None) -> list[str]:
@@ -97,3 +99,27 @@ def cancel_matching(
     for job_id in ids:
         announce.revoked(job_id, "cancelled")
     return ids
+
+
+def set_limit(app: Celery, key: str, rate: str | float | None) -> None:
+    """Change a rate limit on every shard at run time; the schedulers apply it on their next release.
+
+    ``key``: a task name, ``queue:<name>``, ``tenant:<name>`` or ``tenant:*``;
+    ``rate``: Celery's rate string (``"50/s"``, ``"10/m"``) wins over the
+    app's ``delayed_rate_limits``; ``0`` lifts the limit; ``None`` puts the
+    app's back (none when the app sets none).
+
+    Raises:
+        ConfigurationError: a bad key or rate (nothing is changed).
+    """
+    get_store(app).shaping.set_limit(key, rate)
+
+
+def limits(app: Celery) -> list[Limit]:
+    """Every limit in force or lifted (the app's and those set at run time), with the due jobs each holds back."""
+    return get_store(app).shaping.limits()
+
+
+def tenants(app: Celery) -> dict[str, int]:
+    """Tenants with scheduled jobs -> how many, over every shard."""
+    return get_store(app).shaping.tenants()

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from .rate_limits import format_rate
 from .store.records import arguments_of
+from .store.shaping import Limit
 from .timeutil import from_ms
 from .vocab import TIME_FIELDS, Field
 
@@ -85,7 +87,7 @@ LABELS: dict[str, str] = {
 SUMMARY_FIELDS = frozenset({
     "id", Field.STATE, Field.REASON, Field.TASK, Field.QUEUE, Field.DUE, Field.ATTEMPT, Field.ATTEMPTS,
     Field.RETRIES, Field.IDEMPOTENCY_KEY, Field.SHARD_KEY, Field.ERROR_TYPE, Field.ERROR_MESSAGE, Field.ARGS,
-    Field.KWARGS, Field.TRACEBACK,
+    Field.KWARGS, Field.TRACEBACK, Field.TENANT, Field.LIMIT_WAIT,
 })
 
 
@@ -146,7 +148,7 @@ def error(rec: Mapping[str, str]) -> str:
 
 def summary(rec: Mapping[str, str], message: str | None, now_ms: int) -> list[tuple[str, str]]:
     """What an operator reads first, as (label, text): job id, state, task, arguments, queue, due, attempts,
-    and the idempotency key, shard key and last error when there are."""
+    and the tenant, the rate limit it waits under, idempotency key, shard key and last error when there are."""
     args, kwargs = arguments(rec, message)
     due = rec.get(Field.DUE)
     if not args and not kwargs:  # the message goes when the job starts or ends (a dead letter keeps a repr)
@@ -161,7 +163,7 @@ def summary(rec: Mapping[str, str], message: str | None, now_ms: int) -> list[tu
         (LABELS[Field.DUE], f"{when(due)} ({ago(int(float(due)), now_ms)})" if due else "-"),
         ("attempts", attempts(rec)),
     ]
-    for field in (Field.IDEMPOTENCY_KEY, Field.SHARD_KEY):
+    for field in (Field.TENANT, Field.LIMIT_WAIT, Field.IDEMPOTENCY_KEY, Field.SHARD_KEY):
         if rec.get(field):
             rows.append((LABELS[field], rec[field]))
     if error(rec):
@@ -184,3 +186,11 @@ def details(rec: Mapping[str, str]) -> list[tuple[str, str, str]]:
 def raw(rec: Mapping[str, str]) -> list[tuple[str, str, str]]:
     """Every field of the record as it is kept, as (field, label, value), by field name (the "raw record")."""
     return [(field, label(field), rec[field]) for field in sorted(rec)]
+
+
+def limit(row: Limit) -> tuple[str, str]:
+    """A rate limit's rate in Celery's syntax ("50/s"; "none" when lifted) and where it comes from: "app"
+    (``delayed_rate_limits``), "runtime" (set at run time) or "lifted" (no limit, jobs may still wait)."""
+    if row.per_second is None:
+        return "none", "lifted"
+    return format_rate(row.per_second), row.source

@@ -21,11 +21,15 @@ from typing import Any
 from celery import Celery
 
 from .store import get_store
+from .store.shaping import Limit, busiest
 from .store.stats import COUNTERS, FleetStats, Snapshot
 
 logger = logging.getLogger("celery_delayed.metrics")
 
 PREFIX = "celery_delayed_"
+
+#: How many tenants get a series of their own in ``tenant_scheduled_jobs``; the rest are summed under "other".
+TOP_TENANTS = 20
 
 #: (name without the prefix, type, labels, meaning): every family the exporter serves.
 FAMILIES: tuple[tuple[str, str, str, str], ...] = (
@@ -41,6 +45,13 @@ FAMILIES: tuple[tuple[str, str, str, str], ...] = (
     ("scheduler_shards", "gauge", "scheduler", "shards each live scheduler holds"),
     ("unowned_shards", "gauge", "", "shards no live scheduler holds (nothing releases their jobs)"),
     ("paused", "gauge", "scope, name", "1 per pause in force (scope all, task or queue)"),
+    ("rate_limited_jobs", "gauge", "limit", "due jobs a rate limit holds back, waiting for a token, by limit key "
+     "(every tenant's under `tenant:*` summed in its series)"),
+    ("rate_limit_per_second", "gauge", "limit", "the rate in force of each limit, jobs per second (the app's "
+     "`delayed_rate_limits` or one set at run time; a lifted limit has no series)"),
+    ("tenant_scheduled_jobs", "gauge", "tenant", f"scheduled jobs per tenant: the {TOP_TENANTS} tenants with "
+     "the most have a series each, every other tenant is summed under tenant=\"other\" (a tenant named "
+     "\"other\" too), so the series stay bounded"),
     ("recurring_schedules", "gauge", "state", "recurring schedules (`delayed_schedule` and run-time ones), "
      "by state: active or paused"),
     *((f"{name}_total", "counter", "", meaning) for name, meaning in COUNTERS.items()),
@@ -70,7 +81,11 @@ class StoreCollector:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
         try:
-            snap = FleetStats(get_store(self.app)).snapshot()
+            store = get_store(self.app)
+            snap = FleetStats(store).snapshot()
+            limits = store.shaping.limits()
+            named = set(store.config.rate_limits) | set(store.shaping.runtime_limits())
+            tenants = store.shaping.tenants()
         except Exception:  # a scrape while the store is down: say so, with no figures
             logger.warning("metrics: could not read the store", exc_info=True)
             up = GaugeMetricFamily(PREFIX + "store_up", "1 when the last scrape could read the store")
@@ -83,6 +98,35 @@ class StoreCollector:
         helps = {name: meaning for name, _, _, meaning in FAMILIES}
         yield from _families(snap, helps, GaugeMetricFamily, CounterMetricFamily, HistogramMetricFamily)
         yield _schedules(self.app, helps, GaugeMetricFamily)
+        yield from _shaping(limits, named, tenants, helps, GaugeMetricFamily)
+
+
+def _shaping(limits: list[Limit], named: set[str], tenants: dict[str, int], helps: dict[str, str],
+             gauge: Any) -> Iterator[Any]:
+    """What each rate limit holds back and its rate; scheduled jobs of the busiest tenants, the rest as one.
+
+    ``named``: the keys the app or an operator set. A tenant's own bucket under ``tenant:*`` is counted
+    in the ``tenant:*`` series, so that the series stay one per limit however many tenants wait.
+    """
+    waiting = gauge(PREFIX + "rate_limited_jobs", helps["rate_limited_jobs"], labels=["limit"])
+    rate = gauge(PREFIX + "rate_limit_per_second", helps["rate_limit_per_second"], labels=["limit"])
+    held: dict[str, int] = {}
+    for row in limits:
+        key = "tenant:*" if row.key.startswith("tenant:") and row.key not in named else row.key
+        held[key] = held.get(key, 0) + row.waiting
+        if row.per_second is not None and key == row.key:
+            rate.add_metric([row.key], row.per_second)
+    for key, n in held.items():
+        waiting.add_metric([key], n)
+    yield waiting
+    yield rate
+    fam = gauge(PREFIX + "tenant_scheduled_jobs", helps["tenant_scheduled_jobs"], labels=["tenant"])
+    top, _, rest = busiest({t: n for t, n in tenants.items() if t != "other"}, TOP_TENANTS)
+    for name, n in top:
+        fam.add_metric([name], n)
+    if rest or "other" in tenants:
+        fam.add_metric(["other"], rest + tenants.get("other", 0))
+    yield fam
 
 
 def _schedules(app: Celery, helps: dict[str, str], gauge: Any) -> Any:

@@ -3,7 +3,8 @@
 Sub-commands: ``run`` and ``status`` (:mod:`.scheduler`); ``list``, ``show``
 and ``cancel`` (:mod:`.jobs`); ``dlq list | show | requeue | purge``
 (:mod:`celery_delayed.dlq.cli`); ``db init`` and ``reconcile`` (:mod:`.durability`); ``pause``, ``resume``, ``promote``,
-``doctor`` (:mod:`.ops`); ``web`` (:mod:`.web`); ``schedules list | show | add | remove | pause |
+``doctor`` (:mod:`.ops`); ``limits [set | lift | reset]`` and ``tenants``
+(:mod:`.shaping`); ``web`` (:mod:`.web`); ``schedules list | show | add | remove | pause |
 resume | run-now`` (:mod:`celery_delayed.schedules.cli`); ``absorb``
 (:mod:`celery_delayed.adoption.cli`). Every command prints one clear line and exits 1 on a
 celery-delayed error (bad settings, store unreachable or full, no such job).
@@ -20,9 +21,10 @@ from ..adoption import cli as adoption
 from ..dlq import cli as dlq
 from ..plugin import register_with_celery
 from ..schedules import cli as schedules
-from . import durability, jobs, ops, reshard, scheduler, web
+from . import durability, jobs, ops, reshard, scheduler, shaping, web
 from ._common import delayed
 
-__all__ = ["adoption", "delayed", "dlq", "durability", "jobs", "ops", "reshard", "scheduler", "schedules", "web"]
+__all__ = ["adoption", "delayed", "dlq", "durability", "jobs", "ops", "reshard", "scheduler", "schedules",
+           "shaping", "web"]
 
 register_with_celery()

@@ -12,12 +12,20 @@ from ._common import app_of, delayed, errors, fmt_ms, job_text, json_line, paged
 
 @delayed.command(name="list")
 @click.option("--task", default=None, help="Only jobs of this task name.")
+@click.option("--tenant", default=None, help="Only this tenant's jobs (apply_later(..., tenant=...)).")
 @paged
 @click.pass_context
-def list_(ctx: click.Context, task: str | None, offset: int, limit: int, as_json: bool) -> None:
+def list_(ctx: click.Context, task: str | None, tenant: str | None, offset: int, limit: int,
+          as_json: bool) -> None:
     """List pending (scheduled) jobs, earliest due first over all shards."""
+    if task and tenant:
+        raise click.UsageError("give --task or --tenant, not both")
     with errors():
-        rows = Pending(get_store(app_of(ctx))).page(task=task, offset=offset, limit=limit)
+        store = get_store(app_of(ctx))
+        if tenant:
+            rows = store.shaping.tenant_jobs(tenant, offset=offset, limit=limit)
+        else:
+            rows = Pending(store).page(task=task, offset=offset, limit=limit)
     for r in rows:
         if as_json:
             click.echo(json_line(r))

@@ -11,9 +11,11 @@ from typing import Any
 import click
 from celery import Celery
 
+from .. import describe
 from ..config import get_config
 from ..errors import ConfigurationError, DatabaseUnavailable, StoreUnavailable
 from ..store import ServerHealth, ShardStatus, Store, get_store
+from ..store.shaping import busiest
 from ._common import app_of, delayed, errors, fmt_ms
 
 
@@ -94,12 +96,20 @@ def status(ctx: click.Context, as_json: bool) -> None:
         database = _database(store) if store.config.database_url else None
         paused = store.jobs.pauses()
         recurring = store.schedules.all()
+        limits = store.shaping.limits()
+        tenants = store.shaping.tenants()
     scheds = {"count": len(recurring), "paused": sum(1 for r in recurring if r.paused)}
+    top, _, _ = busiest(tenants, 5)
+    shaping = {"limits": [{"key": r.key, "rate": describe.limit(r)[0] if r.per_second is not None else None,
+                           "per_second": r.per_second, "source": describe.limit(r)[1], "waiting": r.waiting}
+                          for r in limits],
+               "tenants": {"count": len(tenants), "scheduled": sum(tenants.values()),
+                           "busiest": [{"tenant": t, "scheduled": n} for t, n in top]}}
     path, why = store.layout.release_path
     if as_json:
         click.echo(json.dumps({"shards": rows, "schedulers": members, "warnings": warnings, "mirror": mirror,
                                "database": database, "eta_fallbacks": fallbacks.as_dict(), "paused": paused,
-                               "schedules": scheds,
+                               "schedules": scheds, **shaping,
                                "replication": replication, "release_path": path, "release_path_reason": why,
                                "cluster": store.redis.cluster, "layout_shards": store.layout.shards,
                                "resharding_from": store.layout.moving_from}))
@@ -136,6 +146,15 @@ def status(ctx: click.Context, as_json: bool) -> None:
                    "(delayed schedules list)")
     if paused:
         click.echo("paused: " + ", ".join(f"{flag} (since {fmt_ms(since)})" for flag, since in sorted(paused.items())))
+    if limits:
+        held = sum(lim.waiting for lim in limits)
+        click.echo(f"rate limits: {len(limits)}, holding back {held} due job(s) (delayed limits)")
+        for lim in limits:
+            rate, source = describe.limit(lim)
+            click.echo(f"  {lim.key}: {rate} ({source}), {lim.waiting} waiting")
+    if tenants:
+        click.echo(f"tenants: {len(tenants)} with {sum(tenants.values())} scheduled job(s); busiest: "
+                   + ", ".join(f"{t} ({n})" for t, n in top) + " (delayed tenants)")
     for w in warnings:
         click.echo(f"WARNING: {w}")
     if database is not None and database["problem"] is not None:

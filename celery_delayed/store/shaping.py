@@ -9,11 +9,18 @@ shard, so every feature runs unchanged on Redis Cluster).
 
 from __future__ import annotations
 
+import heapq
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ..rate_limits import check_key, parse_rate
+from ..vocab import Field
 from .facet import Facet
+from .layout import ShardLayout
+from .lookup import Lookup
+from .paging import check_page
+from .runner import Runner
 
 
 @dataclass(frozen=True)
@@ -29,10 +36,23 @@ class Limit:
     waiting: int
 
 
+def busiest(counts: Mapping[str, int], n: int) -> tuple[list[tuple[str, int]], int, int]:
+    """The ``n`` busiest tenants of :meth:`Shaping.tenants` (most jobs first, then by name), then how many
+    tenants are left out and how many jobs they have: what a bounded listing or metric shows."""
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    rest = ranked[max(0, n):]
+    return ranked[:max(0, n)], len(rest), sum(c for _, c in rest)
+
+
 class Shaping(Facet):
     """Rate limits at run time, the jobs they hold back, and tenants' pending jobs."""
 
     SCRIPTS = ("set_limit",)
+
+    def __init__(self, redis: Runner, layout: ShardLayout, lookup: Lookup | None = None) -> None:
+        super().__init__(redis, layout)
+        #: reads a compact record's task and queue from its template (the store's own lookup when given)
+        self.lookup = lookup if lookup is not None else Lookup(redis, layout)
 
     def set_limit(self, key: str, rate: str | float | None, now_ms: int | None = None) -> None:
         """Set a rate limit on every shard at run time (``set_limit.lua``); it wins over the app's.
@@ -125,3 +145,30 @@ class Shaping(Facet):
         ids: list[Any] = self.redis.client.zrange(
             self.keys.shard(shard).tenant_lane(tenant), start, start + count - 1)
         return [str(i) for i in ids]
+
+    def tenant_jobs(self, tenant: str, offset: int = 0, limit: int = 50) -> list[dict[str, Any]]:
+        """A page of one tenant's scheduled jobs, earliest due first over every shard.
+
+        Each row as :meth:`Pending.page <celery_delayed.store.views.Pending.page>` gives it: ``id``,
+        ``shard``, ``due`` (epoch ms), ``task``, ``queue``, ``st``. Reads at most ``offset + limit``
+        entries of the tenant's lane in each shard, then the page's records: two round trips.
+
+        Raises:
+            InvalidOption: a bad page (``offset < 0``, ``limit < 1``).
+        """
+        check_page(offset, limit)
+        client = self.redis.client
+        shards = list(self.layout.shard_range())
+        pipe = client.pipeline(transaction=False)
+        for s in shards:
+            pipe.zrange(self.keys.shard(s).tenant_lane(tenant), 0, offset + limit - 1, withscores=True)
+        lanes = [[(int(due), s, str(jid)) for jid, due in lane] for s, lane in zip(shards, pipe.execute(), strict=True)]
+        page = list(heapq.merge(*lanes))[offset:offset + limit]
+        pipe = client.pipeline(transaction=False)
+        for _, s, jid in page:
+            pipe.hmget(self.keys.shard(s).job(jid), Field.TASK, Field.QUEUE, Field.STATE, Field.TEMPLATE)
+        rows = []
+        for (due, s, jid), (task, queue, st, tp) in zip(page, pipe.execute() if page else [], strict=True):
+            task, queue = self.lookup.route_of(s, task, queue, tp)
+            rows.append({"id": jid, "shard": s, "due": due, "task": task, "queue": queue, Field.STATE: st or ""})
+        return rows

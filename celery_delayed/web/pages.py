@@ -90,8 +90,10 @@ def lateness(h: Histogram, title: str) -> str:
     return f'<div class="panel"><h2>{e(title)}</h2>{stats}{bars(list(h.counts), labels, height=100)}</div>'
 
 
-def overview(snap: Snapshot, due: list[int], due_labels: list[str], span: str, csrf: str, read_only: bool) -> str:
-    """The overview page: counts by state, jobs coming due, lateness, schedulers, pauses, pending by task."""
+def overview(snap: Snapshot, due: list[int], due_labels: list[str], span: str, csrf: str, read_only: bool,
+             shaping: str = "") -> str:
+    """The overview page: counts by state, jobs coming due, lateness, schedulers, pauses, ``shaping`` (the rate
+    limits' and tenants' panels, :mod:`.shaping`), pending by task."""
     c = snap.counters
     out = ['<div class="cards" id="counts">',
            _card(snap.pending, "pending (scheduled)"),
@@ -136,6 +138,7 @@ def overview(snap: Snapshot, due: list[int], due_labels: list[str], span: str, c
                   else '<p class="muted">Nothing is paused.</p>')
                + f'<div class="actions">{pause_all}</div><p class="muted">Dead letters: {snap.dead_letters} '
                '(<a href="/dlq">show</a>)</p></div></div>')
+    out.append(shaping)
     # pending by task and queue
     trs = []
     for (task, queue), n in sorted(snap.pending_by.items(), key=lambda kv: -kv[1]):

@@ -42,12 +42,12 @@ from celery import Celery
 
 from .. import controls, describe, dlq
 from ..cancellation import cancel_job
-from ..errors import DelayedError, InvalidOption, InvalidWhen, JobNotFound, StoreUnavailable
+from ..errors import ConfigurationError, DelayedError, InvalidOption, InvalidWhen, JobNotFound, StoreUnavailable
 from ..producer.prepare import job_id_for_key
 from ..store import Pending, get_store
 from ..store.stats import FleetStats
 from ..timeutil import due_spec, from_ms
-from . import pages
+from . import pages, shaping
 
 logger = logging.getLogger("celery_delayed.web")
 
@@ -299,7 +299,8 @@ class Handler(BaseHTTPRequestHandler):
             steps = 60 if span == "hour" else 48
             due = stats.coming_due(snap.now_ms, step, steps)
             labels = [from_ms(snap.now_ms + i * step).strftime("%H:%M") for i in range(steps)]
-            body = pages.overview(snap, due, labels, span, dash.csrf, dash.read_only)
+            panels = shaping.panels(controls.limits(dash.app), controls.tenants(dash.app), dash.csrf, dash.read_only)
+            body = pages.overview(snap, due, labels, span, dash.csrf, dash.read_only, panels)
             self._page("Overview", body, "overview", t0)
             return
         if path == "/metrics":
@@ -457,7 +458,24 @@ class Handler(BaseHTTPRequestHandler):
                 raise BadRequest(f"resume takes flag=all, task:<name> or queue:<name>, got {flag!r}")
             self._redirect("/", f"resumed {flag}: {moved} held job(s) released")
             return
+        if path == "/limits":
+            self._limit(form)
+            return
         self._send(404, b"not found\n", "text/plain; charset=utf-8")
+
+    def _limit(self, form: dict[str, str]) -> None:
+        """Set, lift or reset a rate limit (as ``delayed limits set | lift | reset``); a bad key or rate: 400."""
+        op, key, rate = form.get("op", ""), form.get("key", "").strip(), form.get("rate", "").strip()
+        if op not in ("set", "lift", "reset"):
+            raise BadRequest(f"a limit's op is set, lift or reset, got {op!r}")
+        if op == "set" and not rate:
+            raise BadRequest(f"give a rate to set the limit of {key!r} to (100/s, 10/m, 1000/h), or lift it")
+        try:
+            controls.set_limit(self.dash.app, key, rate if op == "set" else 0 if op == "lift" else None)
+        except ConfigurationError as exc:
+            raise BadRequest(str(exc)) from exc
+        done = {"set": f"limited to {rate}", "lift": "lifted until reset", "reset": "back to the app's setting"}
+        self._redirect("/", f"{key}: {done[op]} (the schedulers apply it on their next release)")
 
 
 def _one(query: dict[str, list[str]], name: str) -> str:

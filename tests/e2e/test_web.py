@@ -211,10 +211,10 @@ def _routes(f: Fleet) -> list[tuple[str, dict[str, str]]]:
     job, dead = quote(f.job, safe=""), quote(f.dead, safe="")
     return [(f"/jobs/{job}/cancel", {}), (f"/jobs/{job}/promote", {}), (f"/jobs/{job}/reschedule", {"when": "60"}),
             (f"/dlq/{dead}/requeue", {}), ("/dlq/purge", {"older_than": "0"}), ("/pause", {}),
-            ("/resume", {"flag": "all"})]
+            ("/resume", {"flag": "all"}), ("/limits", {"op": "set", "key": "e2e.mark", "rate": "5/s"})]
 
 
-ROUTES = ["cancel", "promote", "reschedule", "requeue", "purge", "pause", "resume"]
+ROUTES = ["cancel", "promote", "reschedule", "requeue", "purge", "pause", "resume", "limits"]
 
 #: (what, method, path, form, headers, expected status). In a form, {csrf} is the server's token; paths
 #: starting "route:" are the POST routes of _routes(); {job} / {hash} are filled in per case.
@@ -237,6 +237,16 @@ HOSTILE: list[tuple[str, str, str, dict[str, str] | None, dict[str, str], int]] 
     ("purge older_than=inf", "POST", "/dlq/purge", {"csrf": "{csrf}", "older_than": "inf"}, {}, 400),
     ("purge older_than=nan", "POST", "/dlq/purge", {"csrf": "{csrf}", "older_than": "nan"}, {}, 400),
     ("resume an unknown flag", "POST", "/resume", {"csrf": "{csrf}", "flag": "shard:3"}, {}, 400),
+    ("a limit's unknown op", "POST", "/limits", {"csrf": "{csrf}", "op": "drop", "key": "e2e.mark"}, {}, 400),
+    ("a limit without an op", "POST", "/limits", {"csrf": "{csrf}", "key": "e2e.mark", "rate": "1/s"}, {}, 400),
+    ("a limit of a bad key", "POST", "/limits", {"csrf": "{csrf}", "op": "set", "key": "qeue:x", "rate": "1/s"}, {},
+     400),
+    ("a limit without a key", "POST", "/limits", {"csrf": "{csrf}", "op": "lift", "key": " "}, {}, 400),
+    ("a limit of a bad rate", "POST", "/limits", {"csrf": "{csrf}", "op": "set", "key": "e2e.mark", "rate": "fast"},
+     {}, 400),
+    ("a limit of rate 0/s", "POST", "/limits", {"csrf": "{csrf}", "op": "set", "key": "e2e.mark", "rate": "0/s"}, {},
+     400),
+    ("a limit set without a rate", "POST", "/limits", {"csrf": "{csrf}", "op": "set", "key": "e2e.mark"}, {}, 400),
     ("cancel no such job", "POST", "/jobs/no-such-job/cancel", {"csrf": "{csrf}"}, {}, 404),
     ("post nowhere", "POST", "/nowhere", {"csrf": "{csrf}"}, {}, 404),
     ("a huge form", "POST", "/pause", {"csrf": "{csrf}", "x": "y" * 70_000}, {}, 413),
@@ -427,6 +437,56 @@ def test_run_now_reschedule_pause_resume_and_purge_from_the_pages(wapp, client):
         store.lookup.get(dead)
 
 
+def test_rate_limits_and_tenants_on_the_overview_and_changed_from_it(redis_url, uid):
+    app = make_app(redis_url, uid, delayed_shards=2, delayed_rate_limits={"e2e.mark": "10/m"})
+    store = get_store(app)
+    apply_later_many(app, "e2e.mark", [{"args": (i,), "when": 0} for i in range(8)], strict=False)
+    for s in store.layout.shard_range():
+        store.release.release_due(s)
+    waiting = store.shaping.waiting()["e2e.mark"]
+    for i in range(23):
+        apply_later_many(app, "e2e.sleep", [{"when": 600, "tenant": f"t{i:02d}"} for _ in range(i + 1)],
+                         strict=False)
+    server, base = serve(app)
+    client = Client(base)
+    try:
+        _, page, _ = client("/")
+        limits = page.split('id="limits"')[1].split('id="tenants"')[0]
+        assert f"{waiting} due job(s) held back" in limits
+        assert re.search(rf"<td class=mono>e2e.mark</td><td class=mono>10/m</td><td>app</td>"
+                         rf'<td class="num warnline">{waiting}</td>', limits)
+        tenants = page.split('id="tenants"')[1]
+        assert "Tenants (23, 276 scheduled job(s))" in tenants and "<td>t22</td><td class=num>23</td>" in tenants
+        assert "<td>t02</td>" not in tenants and "and 3 more tenant(s) with 6 job(s)" in tenants
+        token = client.csrf("/")
+
+        def post(**form: str) -> tuple[int, str]:
+            status, body, _ = client("/limits", {"csrf": token, **form})
+            return status, body
+
+        status, body = post(op="set", key="queue:bulk", rate="50/s")
+        assert status == 200 and 'id="flash">queue:bulk: limited to 50/s' in body
+        assert "<td class=mono>queue:bulk</td><td class=mono>50/s</td><td>runtime</td>" in body
+        assert store.shaping.runtime_limits() == {"queue:bulk": 50.0}
+        status, body = post(op="lift", key="e2e.mark")
+        assert status == 200 and "e2e.mark: lifted until reset" in body
+        assert "<td class=mono>e2e.mark</td><td class=mono>none</td><td>lifted</td>" in body
+        status, body = post(op="reset", key="e2e.mark")
+        assert status == 200 and "e2e.mark: back to the app&#x27;s setting" in body
+        assert store.shaping.runtime_limits() == {"queue:bulk": 50.0}
+        status, body, _ = client("/limits", {"csrf": token, "op": "set", "key": "e2e.mark", "rate": "lots"},
+                                       {"Accept": "text/html"})
+        assert status == 400 and "&#x27;lots&#x27; is not a rate" in body and "<h1>Bad Request</h1>" in body
+    finally:
+        stop(server)
+    server, base = serve(app, read_only=True)
+    try:
+        _, page, _ = Client(base)("/")
+        assert 'id="limits"' in page and 'id="limit-form"' not in page and 'method="post"' not in page
+    finally:
+        stop(server)
+
+
 # -- escaping: markup in every field the pages show --------------------------------------------
 
 MARK = """<xss data-x="1">'" onfocus="alert(1)" &amp;"""
@@ -461,7 +521,9 @@ def test_markup_in_every_field_is_shown_as_text_on_every_page(wapp, client):
     task, queue = f"e2e.{MARK}", f"q{MARK}"
     job = apply_later(wapp, task, args=(MARK,), kwargs={MARK: MARK}, when=600, queue=queue, task_id=f"id{MARK}",
                       shard_key=f"sk{MARK}", strict=False)
-    keyed = apply_later(wapp, task, when=700, queue=queue, idempotency_key=f"key{MARK}", strict=False)
+    keyed = apply_later(wapp, task, when=700, queue=queue, idempotency_key=f"key{MARK}", strict=False,
+                        tenant=f"tn{MARK}")
+    store.shaping.set_limit(task, "1/s")  # the overview's limits and tenants show both
     dead = _dead_letter(wapp, task=task, task_id=f"dead{MARK}", argsrepr=f"({MARK!r},)")
     shard = store.layout.shard_of(dead)
     store.redis.client.hset(store.keys.shard(shard).job(dead), mapping={
@@ -491,6 +553,8 @@ def test_markup_in_every_field_is_shown_as_text_on_every_page(wapp, client):
     assert f"Traceback {MARK}" in dead_text and f"app.{MARK}: {MARK}" in dead_text
     assert MARK in "".join(_parsed(pages["/jobs"][1]).text)
     assert MARK in "".join(_parsed(pages["/dlq"][1]).text)
+    overview = "".join(_parsed(pages["/"][1]).text)
+    assert f"tn{MARK}" in overview and task in overview  # the tenants' and the rate limits' panels
 
 
 # -- the real browser and the real command -----------------------------------------------------
@@ -548,6 +612,47 @@ def test_in_a_real_browser_cancel_and_requeue(wapp, dashboard, tmp_path):
         drv.find_element(By.ID, "search").send_keys("order-9")
         drv.find_element(By.ID, "search-go").click()
         wait.until(ec.title_contains(k.id))
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(120)
+def test_in_a_real_browser_change_a_rate_limit(redis_url, uid, tmp_path):
+    need("Debian's chromium, chromium-driver and selenium", browser_available())
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    app = make_app(redis_url, uid, delayed_shards=2, delayed_rate_limits={"e2e.mark": "10/m", "tenant:*": "5/s"})
+    store = get_store(app)
+    apply_later_many(app, "e2e.mark", [{"args": (i,), "when": 0} for i in range(12)], strict=False)
+    for s in store.layout.shard_range():
+        store.release.release_due(s)
+    for name, n in (("acme", 40), ("globex", 12), ("initech", 3)):
+        apply_later_many(app, "e2e.sleep", [{"when": 600, "tenant": name} for _ in range(n)], strict=False)
+    server, base = serve(app)
+    try:
+        with chromium(height=1500) as drv:
+            wait = WebDriverWait(drv, 10)
+            drv.get(base + "/")
+            panel = drv.find_element(By.ID, "limits")
+            assert "e2e.mark" in panel.text and "10/m" in panel.text
+            assert "acme 40" in drv.find_element(By.ID, "tenants").text
+            drv.find_element(By.ID, "limit-key").send_keys("queue:bulk")
+            drv.find_element(By.ID, "limit-rate").send_keys("100/s")
+            drv.find_element(By.ID, "limit-set").click()
+            wait.until(ec.text_to_be_present_in_element((By.ID, "flash"), "queue:bulk: limited to 100/s"))
+            assert "queue:bulk 100/s runtime 0" in drv.find_element(By.ID, "limits").text
+            assert store.shaping.runtime_limits() == {"queue:bulk": 100.0}
+            drv.find_element(By.ID, "limit-key").send_keys("e2e.mark")
+            drv.find_element(By.ID, "limit-lift").click()
+            wait.until(ec.text_to_be_present_in_element((By.ID, "flash"), "e2e.mark: lifted until reset"))
+            assert store.shaping.runtime_limits()["e2e.mark"] == 0
+            drv.find_element(By.ID, "limits").location_once_scrolled_into_view  # noqa: B018 (scrolls)
+            drv.save_screenshot(str(tmp_path / "limits.png"))
+            drv.find_element(By.ID, "limit-set").click()  # no key: the browser asks for one, nothing is posted
+            assert store.shaping.runtime_limits() == {"queue:bulk": 100.0, "e2e.mark": 0.0}
+    finally:
+        stop(server)
 
 
 @pytest.mark.e2e

@@ -75,7 +75,7 @@ def test_no_import_cycles():
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("vocab",),
     ("errors",),
-    ("timeutil", "redis_urls", "threads"),
+    ("timeutil", "redis_urls", "threads", "rate_limits"),  # rate_limits: the keys and rates of delayed_rate_limits
     ("database_urls",),  # redacts as redis_urls does
     ("config",),
     ("fixups",),  # Celery/kombu patches: they read the settings, nothing of ours above them

@@ -49,3 +49,19 @@ def test_times_in_words():
     assert describe.ago(0, 250) == "250ms ago" and describe.ago(90_000_000, 0) == "in 25h 0m"
     assert describe.ago(200_000_000, 0) == "in 2d 7h"
     assert describe.when(None) == "-" and describe.when("x") == "x"
+
+
+def test_a_jobs_tenant_and_the_limit_it_waits_under_are_in_the_summary():
+    rec = {"id": "j1", Field.STATE: "SCHEDULED", Field.TASK: "t.sms", Field.DUE: "1000",
+           Field.TENANT: "acme", Field.LIMIT_WAIT: "tenant:acme"}
+    rows = dict(describe.summary(rec, None, 0))
+    assert rows["tenant"] == "acme" and rows["waiting for a token of the rate limit"] == "tenant:acme"
+    assert not {f for f, _, _ in describe.details(rec)} & {Field.TENANT, Field.LIMIT_WAIT}
+
+
+def test_a_limit_in_words():
+    from celery_delayed.store.shaping import Limit
+
+    assert describe.limit(Limit("t.sms", 10 / 60, "app", 3)) == ("10/m", "app")
+    assert describe.limit(Limit("queue:bulk", 50.0, "runtime", 0)) == ("50/s", "runtime")
+    assert describe.limit(Limit("t.sms", None, "runtime", 4)) == ("none", "lifted")
