@@ -100,7 +100,7 @@ class Store:
         #: The change log a database mirror reads.
         self.changes = ChangeLog(self.redis, self.layout)
         #: Release shaping: rate limits set at run time, what they hold back, tenants.
-        self.shaping = Shaping(self.redis, self.layout)
+        self.shaping = Shaping(self.redis, self.layout, self.lookup)
 
     def drop_everything(self) -> int:
         """Delete every key under this store's prefix; return how many (the testing kit's clean-up).

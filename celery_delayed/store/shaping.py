@@ -49,10 +49,10 @@ class Shaping(Facet):
 
     SCRIPTS = ("set_limit",)
 
-    def __init__(self, redis: Runner, layout: ShardLayout, lookup: Lookup | None = None) -> None:
+    def __init__(self, redis: Runner, layout: ShardLayout, lookup: Lookup) -> None:
         super().__init__(redis, layout)
-        #: reads a compact record's task and queue from its template (the store's own lookup when given)
-        self.lookup = lookup if lookup is not None else Lookup(redis, layout)
+        #: reads a compact record's task and queue from its template
+        self.lookup = lookup
 
     def set_limit(self, key: str, rate: str | float | None, now_ms: int | None = None) -> None:
         """Set a rate limit on every shard at run time (``set_limit.lua``); it wins over the app's.
