@@ -1,0 +1,236 @@
+"""Release shaping end to end: rate limits and tenants' fairness with real ``delayed run`` schedulers and real workers.
+
+The limits are enforced inside the release scripts, one token bucket per limit
+per shard at its share of the rate (``lua/includes/shaping_release.lua``), so
+these tests check what the fleet promises as a whole: the release times in the
+job records (``released``: the Redis clock when the script moved the job),
+counted over sliding windows, never exceed the rate plus the burst every shard
+may hold (a quarter second of its share, at least one token); every job runs
+once (the run log every e2e task appends to); a small tenant's jobs are not
+queued behind a big tenant's flood.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from support import SchedulerProcess, WorkerProcess, make_app, ran, wait_for
+from support.delivery import pending, record_fields
+
+from celery_delayed import apply_later_many, get_store
+from celery_delayed.store import shard_for
+
+pytestmark = pytest.mark.e2e
+
+#: The limited task (a DelayedTask) and a task no limit applies to, both from ``worker_apps/e2e_app.py``.
+LIMITED = "e2e.mark"
+FREE = "e2e.plain"
+#: Slack on a rate: the Redis clock in ms, the scripts' rounding, a window's edges.
+RATE_SLACK = 0.05
+
+
+# -- helpers --------------------------------------------------------------------------------------------------------
+
+
+def burst(rate: float, shards: int) -> float:
+    """The most tokens the fleet holds when full: each shard's bucket holds 250 ms of its share, at least one."""
+    return shards * max(1.0, rate / shards * 0.25)
+
+
+def most_in_window(times_ms: Sequence[int], window_ms: int) -> int:
+    """The most releases in any window of ``window_ms`` (each window starting at a release)."""
+    ts = sorted(times_ms)
+    return max((bisect.bisect_left(ts, t + window_ms) - i for i, t in enumerate(ts)), default=0)
+
+
+def assert_within_rate(times_ms: Sequence[int], rate: float, shards: int, windows_s: Iterable[float] = (1.0, 3.0),
+                       what: str = "") -> None:
+    """In every window, at most the rate (with a little slack) plus the fleet's burst."""
+    for w in windows_s:
+        most = most_in_window(times_ms, int(w * 1000))
+        allowed = rate * w * (1 + RATE_SLACK) + burst(rate, shards) + 1
+        assert most <= allowed, f"{what}{most} releases within {w} s, at most {allowed:.1f} allowed at {rate}/s"
+
+
+@dataclass
+class Released:
+    """What the job records say of a released job."""
+
+    id: str
+    shard: int
+    due: int
+    released: int
+    tenant: str
+
+    @property
+    def late(self) -> int:
+        return self.released - self.due
+
+
+def released_jobs(app: Celery, ids: Sequence[str]) -> list[Released]:
+    """Each job's due and release time from its record (every job must have been released).
+
+    On the publish path ``released`` is written when the scheduler acknowledges
+    the publish; a job a worker started before that keeps no ``released``
+    (ack_claimed.lua leaves a started job alone): its start time then stands
+    for it, which lies between the claim (where the token was spent) and the ack.
+    """
+    store = get_store(app)
+    out = []
+    for i, (due, rel, started, tn) in record_fields(app, ids, "due", "released", "started", "tn").items():
+        at = rel or started
+        assert at is not None, f"job {i} has no release time: {store.lookup.get(i)}"
+        out.append(Released(i, store.layout.shard_of(i), int(due), int(at), tn or ""))
+    return out
+
+
+def lease_owners(client: Any, prefix: str, shards: int) -> list[str]:
+    """The owner token holding each shard's lease ('' when none); one GET per shard (a cluster's slots differ)."""
+    return [(client.get(f"{prefix}:{{{s}}}:lease") or "").rpartition("|")[0] for s in range(shards)]
+
+
+def pid_of(owner: str) -> int:
+    """The process id inside an owner token (host:pid:random)."""
+    return int(owner.split(":")[-2])
+
+
+def wait_shared(client: Any, prefix: str, shards: int, scheds: Sequence[SchedulerProcess], timeout: float = 60) -> None:
+    """Until every shard is held, and by exactly these schedulers (each one holding some)."""
+    pids = {s.pid for s in scheds}
+
+    def shared() -> bool:
+        for s in scheds:
+            if s.proc.poll() is not None:
+                raise AssertionError(f"scheduler exited: {s.output()[-3000:]}")
+        owners = lease_owners(client, prefix, shards)
+        return all(owners) and {pid_of(o) for o in owners} == pids
+
+    wait_for(shared, timeout, interval=0.1, what=f"{len(scheds)} scheduler(s) to share {shards} shards")
+
+
+def runs(client: Any, prefix: str) -> collections.Counter[str]:
+    return collections.Counter(ran(client, prefix))
+
+
+def wait_ran_once(client: Any, prefix: str, ids: Sequence[str], timeout: float) -> None:
+    """Until every job ran; then (a moment later, when a second run would show) each exactly once."""
+    want = set(ids)
+    wait_for(lambda: want <= set(runs(client, prefix)), timeout, interval=0.2,
+             what=f"{len(want)} jobs to run (ran: {len(want & set(runs(client, prefix)))})")
+    time.sleep(0.5)
+    counts = runs(client, prefix)
+    twice = {i: n for i, n in counts.items() if i in want and n > 1}
+    assert not twice, f"{len(twice)} jobs ran more than once"
+
+
+def due_at(seconds_from_now: float) -> float:
+    """An absolute due time (epoch seconds) a moment ahead: every job of a call due at the same instant."""
+    return time.time() + seconds_from_now
+
+
+def balanced_ids(n: int, shards: int) -> list[str]:
+    """``n`` fresh job ids, as many in each shard (``n`` a multiple of ``shards``)."""
+    per: dict[int, list[str]] = collections.defaultdict(list)
+    while min((len(per[s]) for s in range(shards)), default=0) < n // shards:
+        i = str(uuid.uuid4())
+        per[shard_for(i, shards)].append(i)
+    return [i for s in range(shards) for i in per[s][:n // shards]]
+
+
+def schedule(app: Celery, task: str, n: int, when_epoch: float, tenant: str | None = None,
+             ids: Sequence[str] | None = None) -> list[str]:
+    """``n`` jobs of ``task`` due at one instant (``ids``: their task ids, else fresh ones)."""
+    when = datetime.fromtimestamp(when_epoch, tz=timezone.utc)
+    calls: list[dict[str, Any]] = [{"args": (i,), "when": when} for i in range(n)]
+    if ids is not None:
+        for c, i in zip(calls, ids, strict=True):
+            c["task_id"] = i
+    return [h.id for h in apply_later_many(app, task, calls, strict=False, tenant=tenant)]
+
+
+@dataclass
+class Fleet:
+    """A worker and some schedulers of one app (the processes are stopped by the ``workers`` fixture)."""
+
+    app: Celery
+    worker: WorkerProcess
+    scheds: list[SchedulerProcess]
+
+    @property
+    def prefix(self) -> str:
+        return str(self.app.conf.delayed_key_prefix)
+
+
+def start_fleet(workers: list[Any], app: Celery, broker: str, client: Any, conf: dict[str, Any], schedulers: int,
+                store: str | None = None) -> Fleet:
+    prefix, queue = app.conf.delayed_key_prefix, app.conf.task_default_queue
+    w = WorkerProcess(broker, prefix, queue, store=store, conf=conf, concurrency=8, pool="threads")
+    workers.append(w)
+    scheds = [SchedulerProcess(broker, prefix, queue, store=store, conf=conf) for _ in range(schedulers)]
+    workers.extend(scheds)
+    wait_shared(client, prefix, int(conf["delayed_shards"]), scheds)
+    w.wait_ready(60)
+    return Fleet(app, w, scheds)
+
+
+def summary(jobs: Sequence[Released], rate: float) -> str:
+    times = sorted(j.released for j in jobs)
+    span = (times[-1] - times[0]) / 1000
+    return f"{len(jobs)} jobs released over {span:.2f} s ({len(jobs) / rate:.2f} s at {rate}/s)"
+
+
+# -- 1, 5: four schedulers racing under one limit, on both release paths --------------------------------------------
+
+
+@pytest.fixture(params=["direct", "publish"])
+def release_path(request: pytest.FixtureRequest) -> Iterator[str]:
+    if request.param == "publish":
+        request.getfixturevalue("rabbit_queue")  # RabbitMQ (skips locally without it), its queue deleted after
+    yield str(request.param)
+
+
+def path_app(release_path: str, request: pytest.FixtureRequest, redis_url: str, uid: str,
+             conf: dict[str, Any]) -> tuple[Celery, str]:
+    """The app and its broker: the store's Redis (direct path) or RabbitMQ (publish path)."""
+    if release_path == "direct":
+        return make_app(redis_url, uid, **conf), redis_url
+    rabbitmq_url = str(request.getfixturevalue("rabbitmq_url"))
+    return make_app(rabbitmq_url, uid, delayed_redis_url=redis_url, **conf), rabbitmq_url
+
+
+@pytest.mark.timeout(120)
+def test_four_schedulers_release_a_flood_at_the_limit_and_each_job_runs_once(
+        release_path: str, request: pytest.FixtureRequest, redis_url: str, uid: str, rclient: redis.Redis,
+        workers: list[Any]) -> None:
+    rate, shards, n = 40.0, 8, 240
+    conf = {"delayed_shards": shards, "delayed_lease_ms": 2000, "delayed_rate_limits": {LIMITED: f"{rate:g}/s"}}
+    app, broker = path_app(release_path, request, redis_url, uid, conf)
+    assert get_store(app).layout.release_path[0] == release_path
+    fleet = start_fleet(workers, app, broker, rclient, conf, schedulers=4, store=redis_url)
+    at = due_at(1.5)
+    # as many jobs in each shard: the fleet can use the whole limit (see the test of an uneven spread below)
+    limited = schedule(app, LIMITED, n, at, ids=balanced_ids(n, shards))
+    free = schedule(app, FREE, 40, at)
+    wait_ran_once(rclient, fleet.prefix, limited + free, timeout=n / rate * 3 + 20)
+    assert pending(app) == 0
+
+    jobs = released_jobs(app, limited)
+    took = (max(j.released for j in jobs) - min(j.due for j in jobs)) / 1000
+    print(f"\n{release_path}: {summary(jobs, rate)}; the last {took:.2f} s after the due time")
+    assert min(j.late for j in jobs) >= 0, "a limited job was released before it was due"
+    assert_within_rate([j.released for j in jobs], rate, shards)
+    # The fleet keeps up with the limit: the last job goes about (n - burst) / rate after the due time.
+    ideal = (n - burst(rate, shards)) / rate
+    assert ideal * 0.95 <= took <= ideal * 1.15 + 0.3, f"took {took:.2f} s, {ideal:.2f} s at the limit"
+    # The jobs no limit applies to went at once, not behind the limited ones.
+    assert max(j.late for j in released_jobs(app, free)) < 1000
