@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import math
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
@@ -25,9 +26,9 @@ import pytest
 import redis
 from celery import Celery
 from support import SchedulerProcess, WorkerProcess, make_app, ran, wait_for
-from support.delivery import pending
+from support.delivery import pending, queue_keys
 
-from celery_delayed import apply_later_many, get_store
+from celery_delayed import apply_later_many, get_store, pause, resume
 from celery_delayed.store import shard_for
 
 pytestmark = pytest.mark.e2e
@@ -350,3 +351,60 @@ def test_a_limit_changed_at_run_time_applies_without_a_restart(redis_url: str, u
     assert all(s.proc.poll() is None for s in fleet.scheds), "a scheduler restarted"
     store.shaping.set_limit(LIMITED, None)
     assert [(r.key, r.source) for r in store.shaping.limits()] == [(LIMITED, "app")]
+
+
+# -- 4: a small tenant next to a big tenant's flood ------------------------------------------------------------------
+
+
+def p99(values: Sequence[float]) -> float:
+    v = sorted(values)
+    return v[min(len(v) - 1, math.ceil(0.99 * len(v)) - 1)]
+
+
+def check_tenants_fair(app: Celery, flood: Sequence[str], small: Sequence[str], what: str) -> None:
+    """The small tenant's jobs went in the first batch of their shard, within a short time of their due time,
+    overtaking most of the flood (due with them: in due order they would have waited for their part of it)."""
+    little = released_jobs(app, small)
+    big = released_jobs(app, flood)
+    assert {j.tenant for j in little} == {"small"} and {j.tenant for j in big} == {"big"}
+    first: dict[int, int] = {}
+    for j in [*big, *little]:
+        first[j.shard] = min(first.get(j.shard, j.released), j.released)
+    late = [j.late for j in little]
+    due, out = min(j.due for j in little), max(j.released for j in little)
+    flood_end = max(j.released for j in big)
+    after = sum(1 for j in big if j.released > out)
+    print(f"\n{what}: the small tenant's {len(little)} jobs late by {sorted(late)} ms; {after} of the flood's "
+          f"{len(big)} jobs released after them, the last {(flood_end - due) / 1000:.2f} s after they were due")
+    assert [j.id for j in little if j.released != first[j.shard]] == [], "not in the first batch of their shard"
+    assert p99(late) < 500, f"the small tenant's jobs were late by {sorted(late)} ms"
+    assert after >= len(big) // 2, "the small tenant's jobs did not overtake the flood"
+    assert flood_end - due >= 2 * max(late), "the flood was too short to show anything"
+
+
+@pytest.mark.timeout(90)
+def test_a_small_tenant_is_released_on_time_next_to_a_big_tenants_flood(redis_url: str, uid: str,
+                                                                          rclient: redis.Redis,
+                                                                          workers: list[Any]) -> None:
+    # Fairness is per release call: each due tenant gets a share of one shard's batch. The small tenant's
+    # jobs, spread over the shards, each go in the first batch of their shard, so they wait at most for one
+    # batch of every other shard their scheduler holds: a few shards and batches of 100 keep that short.
+    shards, n = 4, 20_000
+    conf = {"delayed_shards": shards, "delayed_lease_ms": 2000, "delayed_lookahead_ms": 0, "delayed_batch_size": 100}
+    app = make_app(redis_url, uid, **conf)
+    fleet = start_fleet(workers, app, redis_url, rclient, conf, schedulers=2)
+    # the whole flood and the small tenant's jobs due at one moment, before the schedulers see any
+    # (paused meanwhile: writing 20,000 jobs takes seconds, and each part would go as it is written)
+    pause(app)
+    t0 = time.monotonic()
+    flood = [h.id for h in apply_later_many(app, FREE, [{"args": (i,)} for i in range(n)], tenant="big",
+                                            strict=False)]
+    wrote = time.monotonic() - t0
+    small = [h.id for h in apply_later_many(app, FREE, [{"args": (i,)} for i in range(10)], tenant="small",
+                                            strict=False)]
+    resume(app)
+    wait_for(lambda: len(released_so_far(app, flood)) == n, 60, interval=0.2, what="the flood to be released")
+    print(f"\n{n} jobs of the big tenant written in {wrote:.2f} s")
+    check_tenants_fair(app, flood, small, "tenants")
+    fleet.worker.stop()
+    rclient.delete(*queue_keys(str(app.conf.task_default_queue)))
