@@ -21,6 +21,7 @@ import pytest
 import redis
 from celery import Celery
 from support import make_app, run_celery, wait_for
+from support.databases import postgres_database
 from support.delivery import pending, queue_keys
 from support.shaping import (
     FREE,
@@ -225,3 +226,53 @@ def test_a_small_tenant_is_released_on_time_next_to_a_big_tenants_flood(redis_ur
     check_tenants_fair(app, flood, small, 100, "tenants")
     fleet.worker.stop()
     rclient.delete(*queue_keys(str(app.conf.task_default_queue)))
+
+
+# -- 7: with a database ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A private PostgreSQL database (created and dropped; skips locally without PostgreSQL, fails in CI)."""
+    with postgres_database() as url:
+        yield url
+
+
+@pytest.mark.timeout(120)
+def test_a_limit_and_tenants_with_a_database(redis_url: str, uid: str, rclient: redis.Redis, workers: list[Any],
+                                             pg_url: str) -> None:
+    from celery_delayed.sql.rows import get_rows
+
+    rate, shards, batch = 20.0, 4, 100
+    conf = {"delayed_shards": shards, "delayed_lease_ms": 2000, "delayed_lookahead_ms": 0,
+            "delayed_batch_size": batch, "delayed_rate_limits": {LIMITED: f"{rate:g}/s"},
+            "delayed_database_url": pg_url}
+    app = make_app(redis_url, uid, **conf)
+    rows = get_rows(app)
+    assert rows is not None
+    rows.init_schema()
+    try:
+        fleet = start_fleet(workers, app, redis_url, rclient, conf, schedulers=2)
+        # a flood of a big tenant and a small tenant's jobs, due with the limited ones (each job a row first)
+        pause(app)
+        limited = schedule(app, LIMITED, 60, due_at(0), ids=balanced_ids(60, shards))
+        flood = [h.id for h in apply_later_many(app, FREE, [{"args": (i,)} for i in range(1200)], tenant="big",
+                                                strict=False)]
+        small = [h.id for h in apply_later_many(app, FREE, [{"args": (i,)} for i in range(5)], tenant="small",
+                                                strict=False)]
+        assert rows.get(small[0]).record["tn"] == "small"  # type: ignore[union-attr]
+        resume(app)
+        everything = limited + flood + small
+        wait_ran_once(rclient, fleet.prefix, everything, timeout=90)
+        check_tenants_fair(app, flood, small, batch, "tenants with a database", contrast=False)
+        jobs = released_jobs(app, limited)
+        print(f"limit with a database: {summary(jobs, rate)}")
+        assert_within_rate([j.released for j in jobs], rate, shards)
+        took = (max(j.released for j in jobs) - min(j.released for j in jobs)) / 1000
+        ideal = (len(jobs) - burst(rate, shards)) / rate
+        assert took <= ideal * 1.15 + 0.3, f"took {took:.2f} s, {ideal:.2f} s at the limit"
+        # the rows follow: every job succeeded once
+        wait_for(lambda: rows.counts().get("SUCCEEDED", 0) == len(everything), 30, interval=0.5,
+                 what=f"the rows of the {len(everything)} jobs to say SUCCEEDED (now {rows.counts()})")
+    finally:
+        rows.dispose()

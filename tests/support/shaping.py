@@ -212,10 +212,11 @@ def p99(values: Sequence[float]) -> float:
 
 
 def check_tenants_fair(app: Celery, flood: Sequence[str], small: Sequence[str], batch: int, what: str,
-                       max_late_ms: int = 500) -> None:
+                       max_late_ms: int = 500, contrast: bool = True) -> None:
     """The small tenant's jobs went in the first batch of their shard (fewer than ``batch`` jobs of the flood
-    in that shard before each), within ``max_late_ms`` of their due time (p99), overtaking most of the flood
-    (due with them: in due order they would have waited for their part of it)."""
+    in that shard before each), within ``max_late_ms`` of their due time (p99); with ``contrast``, overtaking
+    most of the flood (due with them: in due order they would have waited for their part of it), which went
+    on much longer."""
     little = released_jobs(app, small)
     big = released_jobs(app, flood)
     assert {j.tenant for j in little} == {"small"} and {j.tenant for j in big} == {"big"}
@@ -232,5 +233,6 @@ def check_tenants_fair(app: Celery, flood: Sequence[str], small: Sequence[str], 
           f"after them, the last {(flood_end - due) / 1000:.2f} s after they were due")
     assert max(ahead.values()) < batch, f"not in the first batch of their shard: {ahead}"
     assert p99(late) < max_late_ms, f"the small tenant's jobs were late by {sorted(late)} ms"
-    assert after >= len(big) // 2, "the small tenant's jobs did not overtake the flood"
-    assert flood_end - due >= 2 * max(late), "the flood was too short to show anything"
+    if contrast:
+        assert after >= len(big) // 2, "the small tenant's jobs did not overtake the flood"
+        assert flood_end - due >= 2 * max(late), "the flood was too short to show anything"
