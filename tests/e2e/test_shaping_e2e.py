@@ -276,3 +276,54 @@ def test_a_limit_and_tenants_with_a_database(redis_url: str, uid: str, rclient: 
                  what=f"the rows of the {len(everything)} jobs to say SUCCEEDED (now {rows.counts()})")
     finally:
         rows.dispose()
+
+
+# -- 8: a reshard keeps the limits, the jobs waiting for tokens and the tenants' lanes -------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_a_reshard_keeps_limits_waiting_jobs_and_tenants(redis_url: str, uid: str, rclient: redis.Redis,
+                                                         workers: list[Any]) -> None:
+    old, new, rate, batch = 4, 8, 10.0, 100
+    conf = {"delayed_shards": old, "delayed_lease_ms": 2000, "delayed_lookahead_ms": 0, "delayed_batch_size": batch,
+            "delayed_rate_limits": {LIMITED: "40/s"}}
+    app = make_app(redis_url, uid, **conf)
+    prefix, queue = str(app.conf.delayed_key_prefix), str(app.conf.task_default_queue)
+    fleet = start_fleet(workers, app, redis_url, rclient, conf, schedulers=2)
+    store = get_store(app)
+    # set at run time, a quarter of the app's: the new shards must hold it too
+    store.shaping.set_limit(LIMITED, f"{rate:g}/s")
+    limited = schedule(app, LIMITED, 60, due_at(0))
+    # the tenants' jobs fall due after the reshard: they move with it, in their lanes
+    at = due_at(10.0)
+    flood = schedule(app, FREE, 2000, at, tenant="big")
+    small = schedule(app, FREE, 10, at, tenant="small")
+    wait_for(lambda: store.shaping.waiting().get(LIMITED, 0) >= 30, 10, interval=0.1,
+             what="limited jobs to wait for tokens")
+    waiting_before = store.shaping.waiting()[LIMITED]
+    out = run_celery(redis_url, prefix, queue, "delayed", "reshard", "--shards", str(new), "--json", conf=conf,
+                     timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    report = json.loads(out.stdout)
+    resharded = time.time()
+    assert report["finished"] and report["moved_jobs"] > 0, report
+    assert resharded < at - 0.5, "the reshard took too long for this test: the tenants' jobs are due already"
+    app8 = make_app(redis_url, uid, **{**conf, "delayed_shards": new})
+    moved = get_store(app8)
+    assert moved.layout.shards == new
+    assert moved.shaping.tenants() == {"big": 2000, "small": 10}
+    assert {r.key: (r.per_second, r.source) for r in moved.shaping.limits()} == {LIMITED: (rate, "runtime")}
+    assert 0 < moved.shaping.waiting().get(LIMITED, 0) <= waiting_before
+    for shard in range(new):  # every shard holds the limit set at run time
+        assert moved.redis.client.hget(moved.keys.shard(shard).limits, LIMITED) is not None, shard
+    print(f"\nreshard {old} -> {new} with {waiting_before} jobs waiting for tokens: {report}")
+
+    wait_ran_once(rclient, fleet.prefix, [*limited, *flood, *small], timeout=60)
+    assert pending(app8) == 0
+    jobs = released_jobs(app8, limited)
+    print(f"limited across the reshard: {summary(jobs, rate)}")
+    assert_within_rate([j.released for j in jobs], rate, new)
+    check_tenants_fair(app8, flood, small, batch, "tenants after the reshard", contrast=False)
+    store.shaping.set_limit(LIMITED, None)
+    for s in fleet.scheds:
+        assert f"the store's layout is now {new} shards" in s.output(), s.output()[-2000:]
