@@ -27,6 +27,7 @@ from support.shaping import (
     FREE,
     LIMITED,
     RATE_SLACK,
+    assert_delivered_once,
     assert_within_rate,
     balanced_ids,
     burst,
@@ -95,6 +96,10 @@ def test_four_schedulers_release_a_flood_at_the_limit_and_each_job_runs_once(
     assert ideal * 0.95 <= took <= ideal * 1.15 + 0.3, f"took {took:.2f} s, {ideal:.2f} s at the limit"
     # The jobs no limit applies to went at once, not behind the limited ones.
     assert max(j.late for j in released_jobs(app, free)) < 1000
+    assert_delivered_once(app, fleet.worker, LIMITED, limited)
+    if release_path == "publish":
+        acked = sum(1 for (r,) in fields(app, limited, "released").values() if r)
+        print(f"publish: {n - acked} of {n} jobs started before their publish was acknowledged (no 'released')")
 
 
 @pytest.mark.timeout(60)
@@ -151,6 +156,7 @@ def test_a_scheduler_killed_mid_run_loses_nothing_and_the_rate_holds(redis_url: 
     # The victim's shards stood still for about a lease (their buckets fill up to a quarter second meanwhile).
     ideal = (n - burst(rate, shards)) / rate
     assert took <= ideal * 1.15 + took_over + 0.5, f"took {took:.2f} s; {ideal:.2f} s at the limit"
+    assert_delivered_once(app, fleet.worker, LIMITED, ids)
 
 
 # -- 3: a limit changed at run time ----------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from celery import Celery
 from celery_delayed import apply_later_many, get_store
 from celery_delayed.store import shard_for
 
+from .delivery import claims, received
 from .processes import SchedulerProcess, WorkerProcess, ran, wait_for
 
 #: The limited task (a DelayedTask) and a task no limit applies to, both from ``worker_apps/e2e_app.py``.
@@ -147,6 +148,25 @@ def wait_ran_once(client: Any, prefix: str, ids: Sequence[str], timeout: float) 
     counts = runs(client, prefix)
     twice = {i: n for i, n in counts.items() if i in want and n > 1}
     assert not twice, f"{len(twice)} jobs ran more than once"
+
+
+def assert_delivered_once(app: Celery, worker: WorkerProcess, task: str, ids: Sequence[str]) -> None:
+    """Each job's message reached the worker once (direct path: enqueued once), or, on the publish path,
+    once per claim (a claim that outlived a dead scheduler is published again: the worker drops the copy).
+
+    Counted from the worker's "received" lines, before any execution record could turn a copy into a skip;
+    the worker is stopped first, so its log is complete.
+    """
+    worker.stop()
+    got = received(worker.output(), task)
+    assert set(got) >= set(ids), f"{len(set(ids) - set(got))} jobs never reached the worker"
+    if get_store(app).layout.release_path[0] == "direct":
+        twice = [i for i in ids if got[i] != 1]
+        assert not twice, f"{len(twice)} jobs were enqueued more than once"
+    else:
+        published = claims(app, ids)
+        odd = [i for i in ids if got[i] != published[i]]
+        assert not odd, f"{len(odd)} jobs reached the worker other than once per claim"
 
 
 def due_at(seconds_from_now: float) -> float:
