@@ -151,8 +151,8 @@ def wait_ran_once(client: Any, prefix: str, ids: Sequence[str], timeout: float) 
 
 
 def assert_delivered_once(app: Celery, worker: WorkerProcess, task: str, ids: Sequence[str]) -> None:
-    """Each job's message reached the worker once (direct path: enqueued once), or, on the publish path,
-    once per claim (a claim that outlived a dead scheduler is published again: the worker drops the copy).
+    """Each job's message reached the worker once (direct path: enqueued once), or, on the publish path, at
+    most once per claim (a claim that outlived a dead scheduler is published again: the worker drops the copy).
 
     Counted from the worker's "received" lines, before any execution record could turn a copy into a skip;
     the worker is stopped first, so its log is complete.
@@ -165,8 +165,8 @@ def assert_delivered_once(app: Celery, worker: WorkerProcess, task: str, ids: Se
         assert not twice, f"{len(twice)} jobs were enqueued more than once"
     else:
         published = claims(app, ids)
-        odd = [i for i in ids if got[i] != published[i]]
-        assert not odd, f"{len(odd)} jobs reached the worker other than once per claim"
+        odd = [i for i in ids if got[i] > published[i]]
+        assert not odd, f"{len(odd)} jobs reached the worker more often than they were claimed"
 
 
 def due_at(seconds_from_now: float) -> float:
