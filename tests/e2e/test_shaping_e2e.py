@@ -170,26 +170,29 @@ def test_a_scheduler_killed_mid_run_loses_nothing_and_the_rate_holds(
 @pytest.mark.timeout(90)
 def test_a_limit_changed_at_run_time_applies_without_a_restart(redis_url: str, uid: str, rclient: redis.Redis,
                                                               workers: list[Any]) -> None:
-    shards, n = 4, 80
+    shards, n = 4, 100
     conf = {"delayed_shards": shards, "delayed_lease_ms": 2000, "delayed_rate_limits": {LIMITED: "2/s"}}
     app = make_app(redis_url, uid, **conf)
     fleet = start_fleet(workers, app, redis_url, rclient, conf, schedulers=2)
     store = get_store(app)
     ids = schedule(app, LIMITED, n, due_at(0.5))
+    started = time.monotonic()
 
     def released_by(t_ms: int) -> int:
         return sum(1 for j in released_so_far(app, ids) if j <= t_ms)
 
-    time.sleep(3.5)  # 2/s: a backlog builds up
-    t1 = redis_ms(rclient)
-    store.shaping.set_limit(LIMITED, "10/s")
-    # what an operator sees meanwhile (the command takes a few seconds, as long as this phase should last)
+    # 2/s: a backlog builds up; what an operator sees meanwhile
+    wait_for(lambda: store.shaping.waiting().get(LIMITED, 0) > 0, 10, what="jobs to wait for tokens")
     out = run_celery(redis_url, fleet.prefix, str(app.conf.task_default_queue), "delayed", "limits", "--json",
                      conf=conf)
     assert out.returncode == 0, out.stderr
     [row] = [json.loads(line) for line in out.stdout.splitlines()]
-    assert (row["key"], row["per_second"], row["source"]) == (LIMITED, 10.0, "runtime") and row["waiting"] > 0, row
-    time.sleep(max(0.0, 2.5 - (redis_ms(rclient) - t1) / 1000))
+    assert (row["key"], row["per_second"], row["source"]) == (LIMITED, 2.0, "app") and row["waiting"] > 0, row
+    time.sleep(max(0.0, 3.5 - (time.monotonic() - started)))
+    t1 = redis_ms(rclient)
+    store.shaping.set_limit(LIMITED, "10/s")
+    assert [(r.key, r.per_second, r.source) for r in store.shaping.limits()] == [(LIMITED, 10.0, "runtime")]
+    time.sleep(2.5)
     t2 = redis_ms(rclient)
     store.shaping.set_limit(LIMITED, 0)  # lifted: the backlog goes at once
     wait_ran_once(rclient, fleet.prefix, ids, timeout=30)
