@@ -30,7 +30,7 @@ ARGV[12] look-ahead, ms: jobs due up to now + this are claimed, those not yet
 ARGV[13] the shard count, then n, then n pairs: a rate limit's key and its
          rate per second (the app's delayed_rate_limits; includes/shaping_release.lua)
 
-Returns {code, claimed, skipped, next_due, now, hold, then per claimed job:
+Returns {code, claimed, skipped, next_due, now, hold, fair, then per claimed job:
 id, msg, exchange, routing_key, queue, ev, then per job not sent: id, state,
 reason}; code OK, or NOT_OWNER when the shard's lease is not held (nothing
 done); next_due and hold as in release_due. Jobs that
@@ -55,15 +55,15 @@ steady, so a full store keeps draining.
 -- @include "shaping"
 -- @include "shaping_release"
 
-if not lease_ok(KEYS[4], ARGV[5], ARGV[6]) then return {NOT_OWNER, 0, 0, -1, 0, -1} end
+if not lease_ok(KEYS[4], ARGV[5], ARGV[6]) then return {NOT_OWNER, 0, 0, -1, 0, -1, 0} end
 local now = now_ms(ARGV[1])
 local prefix, limit, bucket_ms = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local deadline = now + tonumber(ARGV[7])
 local base = shard_base(KEYS[1])
 local paused = pauses(base)
-if paused and paused.all then return {OK, 0, 0, -1, now, -1} end
+if paused and paused.all then return {OK, 0, 0, -1, now, -1, 0} end
 local gone, late = {}, late_new()  -- leaving the pending index; release lateness
-local out = {OK, 0, 0, -1, now, -1}
+local out = {OK, 0, 0, -1, now, -1, 0}
 local claimed, skipped, dead = 0, 0, 0
 local hold = nil  -- the earliest due time of a debounce job put back (not yet due)
 local not_sent, claimed_ids, unsent_by_state = {}, {}, {}
@@ -173,8 +173,8 @@ end
 local ready = limit_ready(S, L, base, now, limit - claimed)
 for i = 1, #ready, 2 do consider(ready[i], ready[i + 1]) end
 local room = limit - claimed - #ready / 2
-local ids = {}
-if room > 0 then ids = take_fair(base, KEYS[1], KEYS[2], bucket_ms, upto, room) end
+local ids, fair = {}, false
+if room > 0 then ids, fair = take_fair(base, KEYS[1], KEYS[2], bucket_ms, upto, room) end
 for _, id in ipairs(ids) do consider(id, nil) end
 ix_flush(base, gone, 'rem')
 tenant_flush(base, tgone)
@@ -200,6 +200,7 @@ end
 local lnext = limit_next(S, L, base, now)
 if lnext and ((not hold) or lnext < hold) then hold = lnext end
 limits_save(S, base, now)
+if fair then out[7] = 1 end
 out[2], out[3], out[4], out[6] = claimed, skipped, e or -1, hold or -1
 for _, v in ipairs(not_sent) do out[#out + 1] = v end
 log_change(KEYS[7], ARGV[11], 'CLAIMED', claimed_ids)

@@ -40,14 +40,15 @@ to every bound queue whose routing key matches, as kombu's DirectExchange;
 none bound: kombu's dead-letter queue, ARGV[9]). A record with neither
 (stored for the publish path) is pushed to global_keyprefix + q.
 
-Returns {code, released, skipped, next_due, now, hold, id1, ev1, ..., idN,
+Returns {code, released, skipped, next_due, now, hold, fair, id1, ev1, ..., idN,
 evN, then per job not sent: id, state, reason}: code OK, or NOT_OWNER when
 the shard's lease is not held (nothing done); next_due = the earliest due time
 left in the shard, -1 when none; hold = -1, or, when debounce jobs in the
 look-ahead were put back to wait for their due time, the earliest of their
 due times: the caller comes back then for them, and next_due leaves them out
 (it is now when the batch was full: next_visit in includes/due_index.lua);
-evN = the job's stored task-sent event
+fair = 1 when tenants' jobs were due (the batch was shared between tenants:
+includes/shaping_release.lua), else 0; evN = the job's stored task-sent event
 fields ('' when the app sends no such events). Skipped jobs were cancelled (or
 otherwise no longer SCHEDULED) and are only unindexed, or were not sent
 because they expired (Celery's `expires`: state EXPIRED) or missed
@@ -82,18 +83,18 @@ steady, so a full store keeps draining.
 -- @include "shaping"
 -- @include "shaping_release"
 
-if not lease_ok(KEYS[4], ARGV[5], ARGV[6]) then return {NOT_OWNER, 0, 0, -1, 0, -1} end
+if not lease_ok(KEYS[4], ARGV[5], ARGV[6]) then return {NOT_OWNER, 0, 0, -1, 0, -1, 0} end
 local now = now_ms(ARGV[1])
 local prefix, limit, bucket_ms = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local ttl, gkp, dead_queue = tonumber(ARGV[7]), ARGV[8], ARGV[9]
 local base = shard_base(KEYS[1])
 local shard, tg = shard_no(KEYS[1]), string.format('%d', now)
 local paused = pauses(base)
-if paused and paused.all then return {OK, 0, 0, -1, now, -1} end
+if paused and paused.all then return {OK, 0, 0, -1, now, -1, 0} end
 local gone, late = {}, late_new()  -- leaving the pending index; release lateness
 local upto = now + (tonumber(ARGV[13]) or 0)
 local L, S, tgone = limits_load(base, ARGV, 14), {}, {}  -- rate limits, their buckets; tenants' lanes left
-local out = {OK, 0, 0, -1, now, -1}
+local out = {OK, 0, 0, -1, now, -1, 0}
 local released, skipped, dead, parked = 0, 0, 0, 0
 local hold = nil  -- the earliest due time of a debounce job put back (not yet due)
 local not_sent, sent_ids, unsent_by_state = {}, {}, {}
@@ -217,7 +218,7 @@ end
 -- Jobs a rate limit held back first (they were due before the ones in the index now).
 local ready = limit_ready(S, L, base, now, limit)
 for i = 1, #ready, 2 do consider(ready[i], ready[i + 1]) end
-local ids = take_fair(base, KEYS[1], KEYS[2], bucket_ms, upto, limit - #ready / 2)
+local ids, fair = take_fair(base, KEYS[1], KEYS[2], bucket_ms, upto, limit - #ready / 2)
 for _, id in ipairs(ids) do consider(id, nil) end
 flush()
 flush_released()
@@ -239,6 +240,7 @@ if hold then e = next_visit(KEYS[1], KEYS[2], bucket_ms, now, upto, #ids + #read
 local lnext = limit_next(S, L, base, now)
 if lnext and ((not hold) or lnext < hold) then hold = lnext end
 limits_save(S, base, now)
+if fair then out[7] = 1 end
 out[2], out[3], out[4], out[6] = released, skipped, e or -1, hold or -1
 for _, v in ipairs(not_sent) do out[#out + 1] = v end
 log_change(KEYS[7], ARGV[12], 'QUEUED', sent_ids)

@@ -56,8 +56,8 @@ class Releases(Facet):
              cfg.dlq_max_len_per_shard, self.redis.logs_changes, lookahead_ms, *self._limits()],
         )
         batch = self._batch(reply, shard)
-        end = 6 + 2 * batch.count
-        for i in range(6, end, 2):
+        end = 7 + 2 * batch.count
+        for i in range(7, end, 2):
             batch.ids.append(reply[i])
             batch.events.append(json.loads(reply[i + 1]) if reply[i + 1] else None)
         batch.not_sent = _triples(reply, end)
@@ -85,8 +85,8 @@ class Releases(Facet):
              self.redis.logs_changes, lookahead_ms, *self._limits()],
         )
         batch = self._batch(reply, shard)
-        end = 6 + 6 * batch.count
-        for i in range(6, end, 6):
+        end = 7 + 6 * batch.count
+        for i in range(7, end, 6):
             jid, msg, ex, rk, q, ev = reply[i:i + 6]
             batch.ids.append(jid)
             batch.messages.append((msg, ex, rk, q))
@@ -106,7 +106,7 @@ class Releases(Facet):
             raise LeaseLost(f"the lease of shard {shard} is held by another scheduler")
         nxt, hold = int(reply[3]), int(reply[5])
         return Batch(int(reply[1]), int(reply[2]), None if nxt < 0 else nxt, int(reply[4]),
-                     hold_ms=None if hold < 0 else hold)
+                     hold_ms=None if hold < 0 else hold, tenants=bool(int(reply[6])))
 
     def ack_claimed(self, shard: int, ids: Iterable[str], now_ms: int | None = None) -> int:
         """Publish path (``ack_claimed.lua``): confirm published jobs; return how many were still in flight."""

@@ -142,9 +142,11 @@ end
 -- due, each due tenant first gets an equal share of the batch (its earliest
 -- jobs), the rest of the batch goes to the earliest of every other due job:
 -- a tenant with ten due jobs is not queued behind another's million.
+-- Also returns whether tenants' jobs were due (the scheduler then shares its
+-- round's batch between the shards it visits: release.py, scheduler/loop.py).
 local function take_fair(base, due_base, buckets, bucket_ms, upto, limit)
   local tns = redis.call('ZRANGEBYSCORE', base .. 'tns', '-inf', upto, 'LIMIT', 0, limit)
-  if #tns == 0 then return take_due(due_base, buckets, bucket_ms, upto, limit) end
+  if #tns == 0 then return take_due(due_base, buckets, bucket_ms, upto, limit), false end
   local share = math.max(1, math.floor(limit / (#tns + 1)))
   local out = {}
   for _, tn in ipairs(tns) do
@@ -169,5 +171,5 @@ local function take_fair(base, due_base, buckets, bucket_ms, upto, limit)
   if #out < limit then
     for _, id in ipairs(take_due(due_base, buckets, bucket_ms, upto, limit - #out)) do out[#out + 1] = id end
   end
-  return out
+  return out, true
 end

@@ -214,7 +214,7 @@ def start_fleet(workers: list[Any], app: Celery, broker: str, client: Any, conf:
     workers.append(w)
     scheds = [SchedulerProcess(broker, prefix, queue, store=store, conf=conf) for _ in range(schedulers)]
     workers.extend(scheds)
-    wait_shared(client, prefix, int(conf["delayed_shards"]), scheds)
+    wait_shared(client, prefix, int(conf.get("delayed_shards", 16)), scheds)  # (16: the default)
     w.wait_ready(60)
     return Fleet(app, w, scheds)
 
