@@ -176,10 +176,11 @@ def apply_later(
             raise InvalidOption("spread does not apply to a debounced or throttled job: its key decides when it "
                                 "goes; pass spread=0 (or leave it out) with debounce_key / throttle_key")
         return _apply_keyed(app, store, name, args, kwargs, when, spec, shard_key, task, opts, tenant)
-    if not options and task_id is None and shard_key is None and idempotency_key is None and tenant is None:
-        # Only args, kwargs and when: the path apply_later_many takes for such calls (the same job).
+    if not options and task_id is None and shard_key is None and idempotency_key is None:
+        # Only args, kwargs, when (and a tenant): the path apply_later_many takes for such calls (the same job).
         plain = PlainCalls.cached(app, store, name, task, opts)
-        fast = plain.prepare(args, kwargs, when, parent_ids(app, None, None), sp) if plain is not None else None
+        fast = plain.prepare(args, kwargs, when, parent_ids(app, None, None), sp, tenant) if plain is not None \
+            else None
         if fast is not None:
             return store_prepared(app, store, [fast], connection)[0]
     p = prepare(app, store, name, args, kwargs, when, task_id=task_id, shard_key=shard_key,
@@ -239,8 +240,9 @@ def apply_later_many(
                 f"each item of calls must be a mapping of apply_later keyword arguments, "
                 f"got {type(call).__name__} {call!r:.80}"
             )
-        if plain is not None and tenant is None and PlainCalls.accepts(call):
-            fast = plain.prepare(call.get("args"), call.get("kwargs"), call.get("when", 0), spread_ms=sp)
+        if plain is not None and PlainCalls.accepts(call):
+            fast = plain.prepare(call.get("args"), call.get("kwargs"), call.get("when", 0), spread_ms=sp,
+                                 tenant=call.get("tenant", tenant))
             if fast is not None:
                 prepared.append(fast)
                 continue

@@ -284,7 +284,7 @@ def _too_large(own: Mapping[str, str], max_bytes: int) -> bool:
     return sum(len(v) for v in own.values()) > max_bytes // 2
 
 
-_PLAIN_KEYS = frozenset({"args", "kwargs", "when"})
+_PLAIN_KEYS = frozenset({"args", "kwargs", "when", "tenant"})
 #: the app attribute that keeps :meth:`PlainCalls.cached`'s instances
 _PLAIN_ATTR = "_celery_delayed_plain_calls"
 
@@ -359,16 +359,17 @@ class PlainCalls:
         return plain
 
     def prepare(self, args: Any, kwargs: Any, when: object, ids: tuple[Any, Any] | None = None,
-                spread_ms: int = 0) -> Prepared | None:
+                spread_ms: int = 0, tenant: str | None = None) -> Prepared | None:
         """The job of one call, or None (then the regular path prepares it).
 
         ``ids``: the call's root and parent ids (default: the batch's).
-        ``spread_ms``: as :func:`prepare`'s.
+        ``spread_ms`` and ``tenant``: as :func:`prepare`'s.
 
         Raises:
             InvalidWhen, InvalidOption: bad input (as :func:`prepare`).
         """
         _check_arguments(self.name, self.task, args, kwargs)
+        tn = check_tenant(tenant)
         job_id = fast_uuid4()
         offset = 0
         if spread_ms:
@@ -386,6 +387,8 @@ class PlainCalls:
             return None
         if spread_ms:
             own[Field.SPREAD] = str(offset)
+        if tn:
+            own[Field.TENANT] = tn
         return Prepared(NewJob(job_id, shard, due, self.common | own, self.common, self.compact), False)
 
 

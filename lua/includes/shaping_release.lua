@@ -6,7 +6,7 @@
 -- second), the ones set at run time from the shard's `limits` hash (they win;
 -- 0 lifts the app's). Each shard refills at its share of the rate (rate /
 -- shards), so the fleet together releases at most the rate, whichever
--- scheduler holds which shard; a shard's bucket holds at most 250 ms of its
+-- scheduler holds which shard; a shard's bucket holds at most 500 ms of its
 -- share (at least one token), which bounds the burst after a quiet spell.
 -- A due job whose limit has no token waits in that limit's wait set, in due
 -- order, and goes as tokens come; a job a limit applies to is never released
@@ -58,7 +58,7 @@ end
 local function limit_state(S, base, k, rate, now)
   local b = S[k]
   if b then return b end
-  local cap = math.max(1, rate * 250)
+  local cap = math.max(1, rate * 500)
   local t = cap
   local v = redis.call('HGET', base .. 'tokens', k)
   if v then

@@ -77,10 +77,10 @@ def test_a_limit_releases_its_jobs_at_its_rate_in_due_order(tapp: Celery, claim:
     released = drain(store, t0 + 1000, claim=claim)
     assert [i for _, i in released] == [r.id for r in results], "due order"
     span = released[-1][0] - released[0][0]
-    # 50 jobs at 10/s: a burst of at most a quarter second's share, then one per 100 ms
-    assert 4500 <= span <= 5000, span
+    # 50 jobs at 10/s: a burst of at most half a second's share (5), then one per 100 ms
+    assert 4400 <= span <= 5000, span
     for a, b in zip(released, released[10:], strict=False):
-        assert b[0] - a[0] >= 750, "never more than 10 within a second plus the burst"
+        assert b[0] - a[0] >= 500, "never more than 10 within a second plus the burst"
 
 
 def test_a_held_back_job_stays_pending_and_counts_as_waiting(tapp: Celery):
@@ -88,18 +88,18 @@ def test_a_held_back_job_stays_pending_and_counts_as_waiting(tapp: Celery):
     results = [apply_later(tapp, "shape.sms", (i,), when=ago(1)) for i in range(20)]
     t0 = now_ms()
     b = store.release.release_due(0, now_ms=t0)
-    assert b.count == 2 and b.hold_ms is not None and t0 < b.hold_ms <= t0 + 100
-    assert store.shaping.waiting() == {"shape.sms": 18}
+    assert b.count == 5 and b.hold_ms is not None and t0 < b.hold_ms <= t0 + 100
+    assert store.shaping.waiting() == {"shape.sms": 15}
     held = results[5]
     assert rec(store, held.id)["st"] == "SCHEDULED"
     assert rec(store, held.id).get("lw") == "shape.sms"
     [row] = store.shaping.limits()
-    assert (row.key, row.per_second, row.source, row.waiting) == ("shape.sms", 10.0, "app", 18)
+    assert (row.key, row.per_second, row.source, row.waiting) == ("shape.sms", 10.0, "app", 15)
     # a cancel takes it out of the wait set
     assert held.cancel()
-    assert store.shaping.waiting() == {"shape.sms": 17}
+    assert store.shaping.waiting() == {"shape.sms": 14}
     released = drain(store, t0 + 100)
-    assert len(released) == 17 and held.id not in {i for _, i in released}
+    assert len(released) == 14 and held.id not in {i for _, i in released}
     assert store.shaping.waiting() == {}
 
 
@@ -110,7 +110,7 @@ def test_jobs_without_a_limit_are_not_queued_behind_limited_ones(tapp: Celery):
     t0 = now_ms()
     b = store.release.release_due(0, now_ms=t0)
     assert {r.id for r in free} <= set(b.ids)
-    assert len(set(b.ids) & {r.id for r in limited}) == 2
+    assert len(set(b.ids) & {r.id for r in limited}) == 5
 
 
 def test_a_limit_changed_at_run_time_applies_on_the_next_release(tapp: Celery):
@@ -118,14 +118,14 @@ def test_a_limit_changed_at_run_time_applies_on_the_next_release(tapp: Celery):
     for i in range(40):
         apply_later(tapp, "shape.sms", (i,), when=ago(1))
     t0 = now_ms()
-    assert store.release.release_due(0, now_ms=t0).count == 2
+    assert store.release.release_due(0, now_ms=t0).count == 5
     store.shaping.set_limit("shape.sms", "1/s")
     assert [(r.key, r.per_second, r.source) for r in store.shaping.limits()] == [("shape.sms", 1.0, "runtime")]
-    b = store.release.release_due(0, now_ms=t0 + 100)  # half a token left at t0, a tenth more since
+    b = store.release.release_due(0, now_ms=t0 + 100)  # no token left at t0, a tenth of one since
     assert b.count == 0 and b.hold_ms is not None and b.hold_ms >= t0 + 500
     store.shaping.set_limit("shape.sms", 0)  # lifted: every waiting job goes
     b = store.release.release_due(0, now_ms=t0 + 600)
-    assert b.count == 38 and store.shaping.waiting() == {}
+    assert b.count == 35 and store.shaping.waiting() == {}
     store.shaping.set_limit("shape.sms", None)  # back to the app's 10/s
     assert store.shaping.runtime_limits() == {}
     assert [(r.key, r.source) for r in store.shaping.limits()] == [("shape.sms", "app")]
@@ -162,11 +162,11 @@ def test_queue_and_tenant_limits(redis_url: str, uid: str):
     t0 = now_ms()
     b = store.release.release_due(0, now_ms=t0)
     tenants = [rec(store, i)["tn"] for i in b.ids]
-    assert tenants.count("small") == 1 and tenants.count("big") == 5
+    assert tenants.count("small") == 2 and tenants.count("big") == 10
     waiting = store.shaping.waiting()
-    assert waiting == {"tenant:small": 39, "tenant:big": 35}
+    assert waiting == {"tenant:small": 38, "tenant:big": 30}
     keys = {r.key: (r.per_second, r.waiting) for r in store.shaping.limits()}
-    assert keys["tenant:small"] == (4.0, 39) and keys["tenant:big"] == (20.0, 35)
+    assert keys["tenant:small"] == (4.0, 38) and keys["tenant:big"] == (20.0, 30)
     assert keys[f"queue:q{uid}"] == (100.0, 0)
 
 

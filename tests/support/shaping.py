@@ -3,7 +3,7 @@
 The fleet's promise is checked from the job records: ``released`` is the Redis
 clock when a release script moved the job (on the publish path, when the
 scheduler acknowledged the publish). Over sliding windows the fleet releases
-at most the rate plus the burst every shard may hold (a quarter second of its
+at most the rate plus the burst every shard may hold (half a second of its
 share, at least one token).
 """
 
@@ -38,8 +38,8 @@ RATE_SLACK = 0.05
 
 
 def burst(rate: float, shards: int) -> float:
-    """The most tokens the fleet holds when full: each shard's bucket holds 250 ms of its share, at least one."""
-    return shards * max(1.0, rate / shards * 0.25)
+    """The most tokens the fleet holds when full: each shard's bucket holds 500 ms of its share, at least one."""
+    return shards * max(1.0, rate / shards * 0.5)
 
 
 def most_in_window(times_ms: Sequence[int], window_ms: int) -> int:
