@@ -212,7 +212,8 @@ def tenant_fairness(ctx: Ctx) -> None:
         one_round_ms = 16 * 500 / statistics.median(rates) * 1000
         ctx.notes.append(f"scenario 23: one scheduler round over the 16 shards with full batches (8,000 jobs) took "
                          f"~{one_round_ms:,.0f} ms at this run's median drain rate ({statistics.median(rates):,.0f} "
-                         f"jobs/s): about the most a tenant's due job waits with tenants given")
+                         f"jobs/s, from the second's start: it counts the second the jobs fell due over, so this "
+                         f"rounds up): about the most a tenant's due job waits with tenants given")
     ctx.notes.append(f"scenario 23: one `celery delayed run`, 16 shards, batch 500, delayed_lookahead_ms="
                      f"{lookahead_ms} (BENCH_FAIR_LOOKAHEAD_MS), no worker (the queue only fills); A's {n_a:,} "
                      f"jobs filled through store.jobs.schedule with tenant 'A' (or none), B's 10 with "
