@@ -102,8 +102,8 @@ def _spread(values: Sequence[float], fmt: str = "{:.2f}") -> str:
 # -- 23 ---------------------------------------------------------------------------------------------------------
 
 
-def _fair_round(ctx: Ctx, n_a: int, tenants: bool, lead_ms: int, lookahead_ms: int) -> dict[str, Any] | None:
-    """One measurement: A's flood and B's ten jobs due in one second; None if the fill overran the second."""
+def _fair_round(ctx: Ctx, n_a: int, tenants: bool, lead_ms: int, lookahead_ms: int) -> dict[str, Any]:
+    """One measurement: A's flood and B's ten jobs due in one second (``overran``: the fill ended too late)."""
     u = uid()
     prefix, queue = f"b23{u}", f"q23{u}"
     conf = {"delayed_lookahead_ms": lookahead_ms}
@@ -167,8 +167,8 @@ def tenant_fairness(ctx: Ctx) -> None:
             for _attempt in range(3):
                 lead_ms = int(2000 + 2000 * fill_guess_s)
                 out = _fair_round(ctx, n_a, name == FAIR, lead_ms, lookahead_ms)
-                fill_guess_s = max(fill_guess_s, out["fill_s"] if out else 0.0)
-                if out is not None and not out["overran"]:
+                fill_guess_s = max(fill_guess_s, out["fill_s"])
+                if not out["overran"]:
                     break
                 print(f"    round {r + 1}: {name}: the fill overran the second ({lead_ms} ms ahead); again",
                       flush=True)
