@@ -31,6 +31,7 @@ from . import (
     s_replicas,
     s_reshard,
     s_schedule,
+    s_shaping,
 )
 from .common import Ctx
 
@@ -57,6 +58,9 @@ SCENARIOS: dict[str, Callable[[Ctx], None]] = {
     "sustained-calls": s_calls.sustained_calls,  # 20
     "sustained-calls-loaded": s_calls.sustained_calls_loaded,  # 21
     "publish": s_publish.publish,  # 22
+    "tenant-fairness": s_shaping.tenant_fairness,  # 23
+    "rate-limit": s_shaping.rate_limit,  # 24
+    "shaping-cost": s_shaping.shaping_cost,  # 25
 }
 
 
