@@ -328,7 +328,7 @@ def rate_limit(ctx: Ctx) -> None:
         left = ", ".join(format(o["left"], ",") for o in outs)
         early = ", ".join(str(o["early"]) for o in outs)
         ctx.add(S24, name, "mean release rate", mean_rate, "jobs/s",
-                note=f"over the {window_s * windows} s; first second {first} (burst cap: 250 ms of each shard's "
+                note=f"over the {window_s * windows} s; first second {first} (burst cap: 500 ms of each shard's "
                      f"share); backlog left {left}; released before due {early}")
     ctx.notes.append(f"scenario 24: delayed_rate_limits={{'{TASK}': '{rate:g}/s'}}, delayed_shards={shards}, "
                      f"{backlog:,} jobs all due at one instant, the windows counted from it (Redis clock, the "

@@ -47,7 +47,7 @@ left in the shard, -1 when none; hold = -1, or, when debounce jobs in the
 look-ahead were put back to wait for their due time, the earliest of their
 due times: the caller comes back then for them, and next_due leaves them out
 (it is now when the batch was full: next_visit in includes/due_index.lua);
-fair = 1 when tenants' jobs were due (the batch was shared between tenants:
+fair = 1 when several tenants had jobs due (the batch was shared between them:
 includes/shaping_release.lua), else 0; evN = the job's stored task-sent event
 fields ('' when the app sends no such events). Skipped jobs were cancelled (or
 otherwise no longer SCHEDULED) and are only unindexed, or were not sent

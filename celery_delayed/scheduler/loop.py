@@ -50,7 +50,7 @@ _INF = float("inf")
 #: ``delayed_lookahead_ms`` from due (half the look-ahead when that is shorter); the visit
 #: releases the whole look-ahead, so a steady stream goes in batches of about this long.
 LOOKAHEAD_SLICE_MS = 250
-#: While tenants' jobs are due on several of its shards, a scheduler shares one batch
+#: While several tenants have jobs due on its shards, a scheduler shares one batch
 #: (``delayed_batch_size``) between the shards it visits in a round, each call taking at least
 #: this many: a tenant's jobs on the last shard of the round then wait for about one batch,
 #: not one batch per shard.
@@ -115,7 +115,7 @@ class Scheduler(BackgroundThread):
         self.releaser: Releaser = make_releaser(app, store)
         self.shards: dict[int, str] = {}  # shard -> fence
         self.next_due: dict[int, float] = {}  # shard -> due ms (Redis clock)
-        self.no_tenants: set[int] = set()  # shards whose last release found no tenant's job due
+        self.no_tenants: set[int] = set()  # shards whose last release found fewer than two tenants due
         self.members: list[str] = []
         self.released = 0
         self.batches = 0
@@ -295,8 +295,8 @@ class Scheduler(BackgroundThread):
                 due = [(s, f) for s, f in self.shards.items() if self.next_due.get(s, 0.0) <= now]
             if not due:
                 break
-            # Tenants' jobs due on several shards: one batch shared between them, so that a
-            # tenant's jobs on the round's last shard are not behind a full batch of every other.
+            # Several tenants' jobs due: one batch shared between the shards, so that a tenant's
+            # jobs on the round's last shard are not behind a full batch of every other shard.
             # (A shard not released from yet may have some: a resume, a new lease, a start.)
             fair = len(due) > 1 and any(s not in self.no_tenants for s, _ in due)
             each = max(FAIR_MIN_BATCH, limit // len(due)) if fair else limit

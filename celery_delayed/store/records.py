@@ -167,7 +167,7 @@ class Batch:
     #: the earliest due time of the debounce jobs the call left for their due time (within the
     #: look-ahead, not yet due), or None; next_due_ms then leaves them out
     hold_ms: int | None = None
-    #: tenants' jobs were due in the shard: the batch was shared between tenants
+    #: several tenants had jobs due in the shard: the batch was shared between them
     tenants: bool = False
     ids: list[str] = field(default_factory=list)
     events: list[dict[str, Any] | None] = field(default_factory=list)

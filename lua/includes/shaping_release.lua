@@ -142,8 +142,9 @@ end
 -- due, each due tenant first gets an equal share of the batch (its earliest
 -- jobs), the rest of the batch goes to the earliest of every other due job:
 -- a tenant with ten due jobs is not queued behind another's million.
--- Also returns whether tenants' jobs were due (the scheduler then shares its
--- round's batch between the shards it visits: release.py, scheduler/loop.py).
+-- Also returns whether several tenants had jobs due (then the scheduler shares
+-- its round's batch between the shards it visits: scheduler/loop.py; one
+-- tenant's flood alone goes in full batches).
 local function take_fair(base, due_base, buckets, bucket_ms, upto, limit)
   local tns = redis.call('ZRANGEBYSCORE', base .. 'tns', '-inf', upto, 'LIMIT', 0, limit)
   if #tns == 0 then return take_due(due_base, buckets, bucket_ms, upto, limit), false end
@@ -171,5 +172,5 @@ local function take_fair(base, due_base, buckets, bucket_ms, upto, limit)
   if #out < limit then
     for _, id in ipairs(take_due(due_base, buckets, bucket_ms, upto, limit - #out)) do out[#out + 1] = id end
   end
-  return out, true
+  return out, #tns > 1
 end
