@@ -155,15 +155,27 @@ local function take_fair(base, due_base, buckets, bucket_ms, upto, limit)
     if want <= 0 then break end
     local tq = base .. 'tq:' .. tn
     local r = redis.call('ZRANGEBYSCORE', tq, '-inf', upto, 'WITHSCORES', 'LIMIT', 0, want)
-    local seen = {}
+    -- Only a job still indexed at that due time (a lane entry can be stale: cancelled, moved),
+    -- checked and taken per due set in one ZMSCORE and one ZREM, in due order.
+    local seen, sets, byset = {}, {}, {}
     for i = 1, #r, 2 do
       local id, d = r[i], tonumber(r[i + 1])
       seen[#seen + 1] = id
-      -- Only a job still indexed at that due time (a lane entry can be stale: cancelled, moved).
-      local sc = redis.call('ZSCORE', due_key(due_base, d, bucket_ms), id)
-      if sc and tonumber(sc) == d then
-        due_rem(due_base, buckets, id, d, bucket_ms)
-        out[#out + 1] = id
+      local k = due_key(due_base, d, bucket_ms)
+      local g = byset[k]
+      if not g then g = {ids = {}, dues = {}}; byset[k] = g; sets[#sets + 1] = k end
+      g.ids[#g.ids + 1] = id; g.dues[#g.dues + 1] = d
+    end
+    for _, k in ipairs(sets) do
+      local g, valid = byset[k], {}
+      local sc = redis.call('ZMSCORE', k, unpack(g.ids))
+      for j, id in ipairs(g.ids) do
+        if sc[j] and tonumber(sc[j]) == g.dues[j] then valid[#valid + 1] = id end
+      end
+      if #valid > 0 then
+        redis.call('ZREM', k, unpack(valid))
+        if bucket_ms > 0 and redis.call('EXISTS', k) == 0 then redis.call('ZREM', buckets, k) end
+        for _, id in ipairs(valid) do out[#out + 1] = id end
       end
     end
     if #seen > 0 then redis.call('ZREM', tq, unpack(seen)) end

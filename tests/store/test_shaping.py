@@ -236,3 +236,32 @@ def test_a_bad_tenant_is_refused(tapp: Celery):
     with pytest.raises(InvalidOption, match="tenant"):
         apply_later_many(tapp, "shape.mail", [{"args": (1,)}, {"args": (2,), "tenant": ""}])
     assert get_store(tapp).shaping.tenants() == {}
+
+
+@pytest.mark.parametrize("bucket_ms", [0, 1000], ids=["one-due-set", "time-buckets"])
+def test_tenants_lanes_release_each_job_once_through_cancels_and_reschedules(redis_url: str, uid: str,
+                                                                             bucket_ms: int):
+    app = make_app(redis_url, uid, delayed_shards=1, delayed_bucket_ms=bucket_ms)
+
+    @app.task(base=DelayedTask, name="shape.l", shared=False)
+    def lane(n: Any) -> None:
+        return None
+
+    store = get_store(app)
+    jobs = {t: [h for h in apply_later_many(app, "shape.l", [{"args": (i,), "when": ago(3 - i / 100)}
+                                                             for i in range(150)], tenant=t)]
+            for t in ("a", "b", "c")}
+    plain = apply_later_many(app, "shape.l", [{"args": (i,), "when": ago(2)} for i in range(50)])
+    cancelled = {h.id for h in jobs["a"][::7]} | {h.id for h in jobs["b"][:20]}
+    for h in [*jobs["a"][::7], *jobs["b"][:20]]:
+        assert h.cancel()
+    later = jobs["c"][:10]
+    for h in later:  # out of the window: their lane entries must follow
+        h.reschedule(when=3600)
+    t0 = now_ms()
+    released = [i for _, i in drain(store, t0, limit=40)]
+    assert len(released) == len(set(released)), "each job once"
+    want = {h.id for hs in jobs.values() for h in hs} | {h.id for h in plain}
+    want -= cancelled | {h.id for h in later}
+    assert set(released) == want
+    assert store.shaping.tenants() == {"c": 10}
