@@ -299,7 +299,7 @@ class Scheduler(BackgroundThread):
             # jobs on the round's last shard are not behind a full batch of every other shard.
             # (A shard not released from yet may have some: a resume, a new lease, a start.)
             fair = len(due) > 1 and any(s not in self.no_tenants for s, _ in due)
-            each = max(FAIR_MIN_BATCH, limit // len(due)) if fair else limit
+            each = max(min(FAIR_MIN_BATCH, limit), limit // len(due)) if fair else limit
             for shard, fence in due:
                 if self.stopping:
                     break
