@@ -120,8 +120,9 @@ SETTINGS: tuple[Setting, ...] = (
             "`sentinel_kwargs` (the Sentinels' own password, TLS), `min_other_sentinels`, and options of the "
             "master's connections (`ssl`, `ssl_ca_certs`, `password` ...), as kombu's broker transport options; "
             "`None` = the broker's when the store is the broker (see Redis Sentinel)", nullable=True),
-    Setting("wait_replicas", int, 0, "scheduling, cancelling and rescheduling wait until this many replicas have "
-            "the write (Redis `WAIT`), so an acknowledged job survives a failover; `0` = do not wait",
+    Setting("wait_replicas", int, 0, "scheduling, cancelling, rescheduling and the worker's execution records wait "
+            "until this many replicas have the write (Redis `WAIT`), so an acknowledged job, and a run's record, "
+            "survive a failover; `0` = do not wait",
             lo=0, hi=100),
     Setting("wait_replicas_timeout_ms", int, 1000, "how long a write waits for `delayed_wait_replicas` replicas "
             "before it raises `ReplicationTimeout`", lo=1, hi=600_000, unit="ms"),

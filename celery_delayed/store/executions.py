@@ -25,6 +25,10 @@ from .runner import Runner
 
 logger = logging.getLogger("celery_delayed.worker")
 
+#: After the replicas failed to acknowledge a record in time, the worker writes its records without
+#: ``WAIT`` for this long: a master left with no replica (a failover) must not slow every run by the bound.
+RECORD_WAIT_PAUSE_S = 10.0
+
 
 def _flatten(fields: Mapping[str, str]) -> list[str]:
     """Record fields as the scripts take them: count, names, values."""
@@ -40,6 +44,7 @@ class Executions(Facet):
     def __init__(self, redis: Runner, layout: ShardLayout, lookup: Lookup) -> None:
         super().__init__(redis, layout)
         self.lookup = lookup
+        self._unwaited_until = 0.0  # monotonic: till then the records are written without WAIT
 
     def _write(self, script: Script, keys: Sequence[str], args: Sequence[Arg], what: str) -> Any:
         """One execution-record write; with ``delayed_wait_replicas``, followed by ``WAIT``.
@@ -47,16 +52,19 @@ class Executions(Facet):
         A run's records must survive a failover as the schedule did: a start
         or finish the promoted replica never received would let the job run
         again. When the replicas do not acknowledge in time, the write stands
-        on the master (the attempt goes on) and a warning says so.
+        on the master (the attempt goes on), a warning says so, and for
+        :data:`RECORD_WAIT_PAUSE_S` the records are written without ``WAIT``.
         """
-        if not self.config.wait_replicas:
+        if not self.config.wait_replicas or time.monotonic() < self._unwaited_until:
             return self.redis.run(script, keys, args)
         try:
             return self.redis.run_many(script, [(keys, args)], wait=what)[0]
         except ReplicationTimeout as exc:
             if exc.results is None:
                 raise
-            logger.warning("%s", exc)
+            self._unwaited_until = time.monotonic() + RECORD_WAIT_PAUSE_S
+            logger.warning("%s; the worker writes its records without waiting for the replicas for the next %.0f s",
+                           exc, RECORD_WAIT_PAUSE_S)
             return exc.results[0]
 
     def start(

@@ -461,5 +461,7 @@ def test_a_record_the_replicas_do_not_acknowledge_in_time_stands_and_is_warned_a
     assert started.code == Reply.OK  # the attempt goes on: the write stands on the master
     assert [o.code for o in outcome] == [Reply.OK]  # finished before finish_later returned
     warned = [r.getMessage() for r in caplog.records if "replicas of delayed_wait_replicas" in r.getMessage()]
-    assert len(warned) == 2 and "start of job" in warned[0] and "end of job" in warned[1]
+    # one warning: after it the records are written without waiting for a while (a master left with no
+    # replica must not slow every run by the WAIT bound)
+    assert len(warned) == 1 and "start of job" in warned[0] and "without waiting" in warned[0], warned
     lagging.redis.close()
