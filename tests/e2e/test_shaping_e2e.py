@@ -241,9 +241,12 @@ def test_a_small_tenant_is_released_on_time_next_to_a_big_tenants_flood(redis_ur
     resume(app)
     wait_for(lambda: len(released_so_far(app, flood)) == n, 60, interval=0.2, what="the flood to be released")
     print(f"\n{n} jobs of the big tenant written in {wrote:.2f} s")
-    # (their lateness counts from the calls, before the resume: on a loaded machine the resume of 16 shards
-    # itself takes a few hundred ms; the bench measures it on a quiet one, scenario 23)
-    check_tenants_fair(app, flood, small, 500, "tenants", max_late_ms=1000)
+    # Each small job went in the first call on its shard: fewer than 500 of the flood ahead of it there, where
+    # in due order all of its shard's part of the flood (about 1,250, due before it) would have been.
+    # (Their lateness counts from the calls, before the resume: on a loaded machine the resume of 16 shards
+    # itself takes a few hundred ms; the bench measures lateness on a quiet one, scenario 23. On a quiet one
+    # the whole flood takes about a second, too short for the contrast check.)
+    check_tenants_fair(app, flood, small, 500, "tenants", max_late_ms=1000, contrast=False)
     fleet.worker.stop()
     rclient.delete(*queue_keys(str(app.conf.task_default_queue)))
 
