@@ -10,13 +10,14 @@ shard, so every feature runs unchanged on Redis Cluster).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ..rate_limits import check_key, parse_rate
 from ..vocab import Field
 from .facet import Facet
+from .keys import ShardKeys
 from .layout import ShardLayout
 from .lookup import Lookup
 from .paging import check_page
@@ -102,42 +103,35 @@ class Shaping(Facet):
 
     def waiting(self) -> dict[str, int]:
         """Due jobs waiting for a token, by limit key, over every shard."""
-        client = self.redis.client
-        pipe = client.pipeline(transaction=False)
-        shards = list(self.layout.shard_range())
-        for s in shards:
-            pipe.smembers(self.keys.shard(s).limit_waits)
-        per_shard = pipe.execute()
-        pipe = client.pipeline(transaction=False)
-        asked: list[str] = []
-        for s, keys in zip(shards, per_shard, strict=True):
-            for k in keys:
-                asked.append(str(k))
-                pipe.zcard(self.keys.shard(s).limit_wait(str(k)))
-        out: dict[str, int] = {}
-        for k, n in zip(asked, pipe.execute() if asked else [], strict=True):
-            if int(n):
-                out[k] = out.get(k, 0) + int(n)
-        return out
+        return self._summed(lambda k: k.limit_waits, lambda k, name: k.limit_wait(name), members="set")
 
     def tenants(self) -> dict[str, int]:
         """Tenants with scheduled jobs in the due index -> how many, over every shard."""
+        return self._summed(lambda k: k.tenants, lambda k, name: k.tenant_lane(name), members="zset")
+
+    def _summed(self, index: Callable[[ShardKeys], str], member_set: Callable[[ShardKeys, str], str],
+                members: str) -> dict[str, int]:
+        """Each name of every shard's ``index`` (a set, or a sorted set's members) -> the size of its
+        ``member_set``, summed over the shards (two round trips)."""
         client = self.redis.client
-        shards = list(self.layout.shard_range())
+        shards = [self.keys.shard(s) for s in self.layout.shard_range()]
         pipe = client.pipeline(transaction=False)
-        for s in shards:
-            pipe.zrange(self.keys.shard(s).tenants, 0, -1)
-        names = pipe.execute()
+        for k in shards:
+            if members == "set":
+                pipe.smembers(index(k))
+            else:
+                pipe.zrange(index(k), 0, -1)
+        per_shard = pipe.execute()
         pipe = client.pipeline(transaction=False)
         asked: list[str] = []
-        for s, tns in zip(shards, names, strict=True):
-            for tn in tns:
-                asked.append(str(tn))
-                pipe.zcard(self.keys.shard(s).tenant_lane(str(tn)))
+        for k, names in zip(shards, per_shard, strict=True):
+            for name in names:
+                asked.append(str(name))
+                pipe.zcard(member_set(k, str(name)))
         out: dict[str, int] = {}
-        for tn, n in zip(asked, pipe.execute() if asked else [], strict=True):
+        for name, n in zip(asked, pipe.execute() if asked else [], strict=True):
             if int(n):
-                out[tn] = out.get(tn, 0) + int(n)
+                out[name] = out.get(name, 0) + int(n)
         return out
 
     def tenant_job_ids(self, tenant: str, shard: int, start: int = 0, count: int = 1000) -> list[str]:
